@@ -1,0 +1,135 @@
+"""Symmetric CLIP InfoNCE with a learnable, clipped logit scale (001; 002 A.12.5; 000 P6, P8, P9)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.analytic import batch as analytic
+from contrastive_jax.losses.info_nce import row_losses
+from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.similarity import similarities
+from contrastive_jax.losses.validation import (
+    check_choice,
+    check_has_negatives,
+    check_pair,
+    check_positive,
+    check_scalar,
+    compute_dtype,
+)
+
+Array = jax.Array
+
+DIRECTIONS = ("both", "x_to_y", "y_to_x")
+IMPLS = ("autodiff", "analytic")
+
+
+def logit_scale(log_scale: Array | float, max_scale: float = 100.0) -> Array:
+    """``s = min(exp(log_scale), max_scale)``; the clip is active iff ``log_scale >= log(max_scale)``.
+
+    Where it is active ``s`` is the constant ``max_scale`` and ``ds / dlog_scale = 0``, exactly
+    (never NaN, even for a huge ``log_scale``). CLIP's cap of 100 means ``tau >= 0.01`` (000 P8).
+    """
+    log_scale = jnp.asarray(log_scale)
+    active = log_scale >= math.log(max_scale)
+    return jnp.where(active, max_scale, jnp.exp(jnp.where(active, 0.0, log_scale)))
+
+
+def clip_loss(
+    x: Array,
+    y: Array,
+    log_scale: Array | float,
+    *,
+    max_scale: float = 100.0,
+    direction: str = "both",
+    impl: str = "autodiff",
+) -> Array:
+    """CLIP's symmetric InfoNCE on paired embeddings; row i of ``x`` matches row i of ``y``.
+
+    Args:
+      x, y: (N, d) raw embeddings (float32, bfloat16 or float64), N >= 2; L2-normalised inside.
+      log_scale: scalar, the learnable log of the logit scale ``s = 1 / tau``.
+      max_scale: the cap on ``s`` (CLIP: 100).
+      direction: ``"both"`` for ``0.5 (L_x->y + L_y->x)``, or ``"x_to_y"`` / ``"y_to_x"`` for one
+        side.
+      impl: ``"autodiff"`` (reverse mode through the forward, composes with any JAX transform)
+        or ``"analytic"`` (a ``jax.custom_vjp`` whose backward pass is 000 P9: ``Gamma`` from the
+        saved logits, two matmuls and a row projection; reverse mode only).
+
+    Returns:
+      Scalar loss in float32 (float64 for float64 inputs).
+
+    Math (001 steps 1-5; 002 A.12.2-A.12.5). ``Z = s x_hat y_hat^T`` with
+    ``s = min(exp(log_scale), max_scale)``; ``L_x->y = mean_i (lse_j Z_ij - Z_ii)`` over rows,
+    ``L_y->x = mean_j (lse_i Z_ij - Z_jj)`` over columns, each evaluated relative to the positive
+    (``softplus(lse_neg - Z_ii)``) so no step overflows or cancels. Logits and log-sum-exps are
+    float32 for half-precision inputs.
+
+    Gradients. ``dL/dZ = Gamma = (P_r + P_c - 2I)/(2N)`` (000 P6), ``grad_{x_hat} = s Gamma y_hat``,
+    ``grad_{y_hat} = s Gamma^T x_hat`` (P9), projected through the normalisation (A.12.8). For
+    ``log_scale``: ``dL/dlog_scale = sum_ij Gamma_ij Z_ij`` (P8: per row
+    ``(sum_j p_j c_j - c_i) / tau``) while ``exp(log_scale) < max_scale``; where the clip is
+    active (``log_scale >= log(max_scale)``) the gradient w.r.t. ``log_scale`` is exactly 0: the
+    scale is the constant ``max_scale`` there, and the temperature stops learning until an
+    optimiser step (or a clamp of the parameter, as open_clip does) brings it below the cap.
+    """
+    check_pair("x", x, "y", y)
+    check_has_negatives("x", jnp.shape(x)[0])
+    check_scalar("log_scale", log_scale)
+    check_positive("max_scale", max_scale)
+    check_choice("direction", direction, DIRECTIONS)
+    check_choice("impl", impl, IMPLS)
+    dtype = compute_dtype(x, y)
+    x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
+    log_scale = jnp.asarray(log_scale).astype(dtype)
+    if impl == "analytic":
+        return _clip_loss_analytic(x, y, log_scale, float(max_scale), direction)
+    return _clip_forward(x, y, log_scale, float(max_scale), direction)[0]
+
+
+def _directional_mean(logits: Array, direction: str) -> Array:
+    eye = jnp.eye(logits.shape[0], dtype=bool)
+    if direction == "x_to_y":
+        return jnp.mean(row_losses(logits, eye))
+    if direction == "y_to_x":
+        return jnp.mean(row_losses(logits.T, eye))
+    return 0.5 * (jnp.mean(row_losses(logits, eye)) + jnp.mean(row_losses(logits.T, eye)))
+
+
+def _clip_forward(x, y, log_scale, max_scale, direction):
+    x_hat, y_hat = l2_normalize(x), l2_normalize(y)
+    logits = logit_scale(log_scale, max_scale) * similarities(x_hat, y_hat)
+    return _directional_mean(logits, direction), (x, y, x_hat, y_hat, logits, log_scale)
+
+
+_LOGIT_GRADS = {
+    "both": analytic.symmetric_logit_grad,
+    "x_to_y": analytic.row_logit_grad,
+    "y_to_x": analytic.column_logit_grad,
+}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _clip_loss_analytic(x, y, log_scale, max_scale, direction):
+    return _clip_forward(x, y, log_scale, max_scale, direction)[0]
+
+
+def _clip_loss_analytic_bwd(max_scale, direction, residuals, g):
+    x, y, x_hat, y_hat, logits, log_scale = residuals
+    gamma = g * _LOGIT_GRADS[direction](logits)
+    scale = logit_scale(log_scale, max_scale)
+    g_x_hat, g_y_hat = analytic.normalized_embedding_grads(x_hat, y_hat, gamma, scale)
+    clipped = log_scale >= math.log(max_scale)
+    g_log_scale = jnp.where(clipped, 0.0, analytic.log_scale_grad(logits, gamma))
+    return l2_normalize_vjp(x, g_x_hat), l2_normalize_vjp(y, g_y_hat), g_log_scale.astype(
+        log_scale.dtype
+    )
+
+
+_clip_loss_analytic.defvjp(
+    lambda x, y, ls, max_scale, direction: _clip_forward(x, y, ls, max_scale, direction),
+    _clip_loss_analytic_bwd,
+)

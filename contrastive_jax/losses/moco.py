@@ -1,0 +1,58 @@
+"""MoCo's InfoNCE: one positive key per query against a queue of negatives (004)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from contrastive_jax.losses.info_nce import masked_logsumexp, positive_relative_loss
+from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.validation import (
+    check_embeddings,
+    check_pair,
+    check_positive,
+    compute_dtype,
+)
+from contrastive_jax.similarity import similarities
+
+Array = jax.Array
+
+
+def moco_infonce(q: Array, k: Array, queue: Array, temperature: Array | float) -> Array:
+    """Mean InfoNCE of queries against their keys (positives) and a queue of keys (negatives).
+
+    Args:
+      q: (N, d) query embeddings (gradients flow here).
+      k: (N, d) key embeddings from the momentum encoder; ``k[i]`` is the positive of ``q[i]``.
+      queue: (K, d) keys of earlier batches, K >= 1, the negatives.
+      temperature: ``tau > 0``.
+
+    Returns:
+      Scalar: ``mean_i -log exp(q_i.k_i/tau) / (exp(q_i.k_i/tau) + sum_k exp(q_i.n_k/tau))`` on
+      L2-normalised rows (004: the (1 + K)-way classification with the positive at index 0).
+
+    ``k`` and ``queue`` are under ``stop_gradient``: in MoCo the key encoder is updated only by
+    the momentum (EMA) rule, never by back-propagation. Queue rows are normalised again, which
+    is idempotent for stored unit keys. Negatives from a queue come from older encoders, so
+    ``log(K + 1) - L`` is not the mutual-information bound of 002 A.12.10 (see A.12.4).
+    """
+    check_pair("q", q, "k", k)
+    check_embeddings("queue", queue)
+    if jnp.shape(queue)[1] != jnp.shape(q)[1]:
+        raise ValueError(
+            f"queue rows must have the query dim {jnp.shape(q)[1]}; got queue shape "
+            f"{jnp.shape(queue)}."
+        )
+    if jnp.shape(queue)[0] < 1:
+        raise ValueError("queue is empty: MoCo needs at least one negative key in the queue.")
+    check_positive("temperature", temperature)
+    dtype = compute_dtype(q, k, queue)
+    q_hat = l2_normalize(jnp.asarray(q).astype(dtype))
+    k_hat = lax.stop_gradient(l2_normalize(jnp.asarray(k).astype(dtype)))
+    queue_hat = lax.stop_gradient(l2_normalize(jnp.asarray(queue).astype(dtype)))
+    temperature = jnp.asarray(temperature).astype(dtype)
+    positive = jnp.sum(q_hat * k_hat, axis=1) / temperature
+    negatives = similarities(q_hat, queue_hat) / temperature
+    lse_neg = masked_logsumexp(negatives, jnp.ones(negatives.shape, dtype=bool))
+    return jnp.mean(positive_relative_loss(lse_neg, positive))

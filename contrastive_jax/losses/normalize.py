@@ -1,0 +1,56 @@
+"""L2 normalisation onto the unit sphere, zero-norm safe, with its exact Jacobian."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.losses.validation import compute_dtype
+
+Array = jax.Array
+
+DEFAULT_EPS = 1e-12
+
+
+def l2_normalize(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
+    """Project ``x`` onto the unit sphere along ``axis``: ``x / max(||x||, eps)``.
+
+    Shapes: any ``x``; the output has the shape and dtype of ``x`` (the arithmetic runs in
+    float32 for half-precision inputs).
+
+    Jacobian (002 A.12.8; 000 "Before you start" and P9 step 4). Where ``||x|| > eps``,
+    ``d x_hat / d x = (I - x_hat x_hat^T) / ||x||``: symmetric, and its image is the tangent
+    space of the sphere at ``x_hat``, so the gradient that reaches ``x`` is orthogonal to ``x``
+    (000 P7) and shrinks as ``1 / ||x||``.
+
+    What ``eps`` changes. Where ``||x|| <= eps`` (an all-zero embedding, say) the output is
+    ``x / eps``: no longer unit length (zero maps to zero, so its logits are all 0) and the
+    Jacobian is ``I / eps``, finite, so gradients stay finite (at most ``1/eps`` times the
+    upstream gradient). Above ``eps`` the result and its Jacobian are exactly the textbook ones;
+    unlike the smoothed ``x / sqrt(||x||^2 + eps^2)`` form there is no O(eps^2 / ||x||^2) bias,
+    which is why the analytic gradients in :mod:`contrastive_jax.analytic` match autodiff to
+    float64 round-off.
+    """
+    dtype = jnp.result_type(x)
+    xc = jnp.asarray(x, compute_dtype(x))
+    # Squared norm first: sqrt is only ever applied to a value >= eps**2, so its derivative is
+    # finite even for an all-zero row (where max() routes the gradient to the constant).
+    sq = jnp.sum(xc * xc, axis=axis, keepdims=True)
+    norm = jnp.sqrt(jnp.maximum(sq, eps * eps))
+    return (xc / norm).astype(dtype)
+
+
+def l2_normalize_vjp(x: Array, g: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
+    """Exact vector-Jacobian product of :func:`l2_normalize`: ``g`` at ``x_hat`` to ``x``.
+
+    ``(I - x_hat x_hat^T) g / ||x||`` row by row where ``||x|| > eps`` (002 A.12.8, 000 P9 step
+    4), and ``g / eps`` where ``||x|| <= eps``. Used by the analytic backward passes of the
+    losses; computed in the dtype of ``g``.
+    """
+    x = jnp.asarray(x, jnp.result_type(g))
+    sq = jnp.sum(x * x, axis=axis, keepdims=True)
+    above = sq > eps * eps
+    norm = jnp.sqrt(jnp.where(above, sq, 1.0))
+    x_hat = x / norm
+    radial = jnp.sum(x_hat * g, axis=axis, keepdims=True)
+    return jnp.where(above, (g - radial * x_hat) / norm, g / eps)

@@ -1,0 +1,86 @@
+"""SimCLR's NT-Xent on 2N augmented views with the self-similarity mask (004)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from contrastive_jax.analytic import batch as analytic
+from contrastive_jax.losses.info_nce import row_losses
+from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.validation import (
+    check_choice,
+    check_has_negatives,
+    check_pair,
+    check_positive,
+    compute_dtype,
+)
+from contrastive_jax.similarity import MATMUL_PRECISION, similarities
+
+Array = jax.Array
+
+IMPLS = ("autodiff", "analytic")
+
+
+def nt_xent(z1: Array, z2: Array, temperature: Array | float, *, impl: str = "autodiff") -> Array:
+    """Normalised-temperature cross-entropy over the 2N views ``[z1; z2]``.
+
+    Args:
+      z1, z2: (N, d) embeddings of the two views, N >= 2; ``z1[i]`` and ``z2[i]`` are a positive
+        pair. L2-normalised inside.
+      temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
+      impl: ``"autodiff"`` or ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
+        from 000 P9: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then the projection
+        through the normalisation).
+
+    Returns:
+      Scalar: the mean over all 2N anchors (004, step 6).
+
+    Math (004). With ``Z_hat = [z1_hat; z2_hat]`` (2N, d) and ``S = Z_hat Z_hat^T / tau``, anchor
+    ``i`` has positive ``pi(i) = (i + N) mod 2N`` and the candidates ``j != i``: the self
+    similarity (always ``1 / tau``, the largest possible) is masked out, otherwise the loss
+    degenerates. Row loss ``-S_{i,pi(i)} + log sum_{j != i} exp(S_ij)``. With all 2N embeddings
+    identical it is ``log(2N - 1)``, chance level. ``dL/dS = (P - Y)/(2N)`` (000 P1 per row,
+    :func:`contrastive_jax.analytic.batch.nt_xent_logit_grad`) and, since ``S`` is symmetric in
+    ``Z_hat``, ``grad_{Z_hat} L = (G + G^T) Z_hat / tau``; ``dL/dtau = -sum_ij G_ij S_ij / tau``
+    (000 P8).
+    """
+    check_pair("z1", z1, "z2", z2)
+    check_has_negatives("z1", jnp.shape(z1)[0])
+    check_positive("temperature", temperature)
+    check_choice("impl", impl, IMPLS)
+    dtype = compute_dtype(z1, z2)
+    z = jnp.concatenate([jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)], axis=0)
+    temperature = jnp.asarray(temperature).astype(dtype)
+    if impl == "analytic":
+        return _nt_xent_analytic(z, temperature)
+    return _nt_xent_forward(z, temperature)[0]
+
+
+def _nt_xent_forward(z, temperature):
+    z_hat = l2_normalize(z)
+    logits = similarities(z_hat, z_hat) / temperature
+    m = z.shape[0]
+    not_self = ~jnp.eye(m, dtype=bool)
+    partner = jnp.roll(jnp.eye(m, dtype=bool), m // 2, axis=1)
+    loss = jnp.mean(row_losses(logits, partner, candidates=not_self))
+    return loss, (z, z_hat, logits, temperature)
+
+
+@jax.custom_vjp
+def _nt_xent_analytic(z, temperature):
+    return _nt_xent_forward(z, temperature)[0]
+
+
+def _nt_xent_analytic_bwd(residuals, g):
+    z, z_hat, logits, temperature = residuals
+    grad_logits = g * analytic.nt_xent_logit_grad(logits)
+    g_z_hat = jnp.matmul(grad_logits + grad_logits.T, z_hat, precision=MATMUL_PRECISION)
+    g_z = l2_normalize_vjp(z, g_z_hat / temperature)
+    g_temperature = -jnp.sum(grad_logits * logits) / temperature
+    return g_z, g_temperature.astype(temperature.dtype)
+
+
+_nt_xent_analytic.defvjp(_nt_xent_forward, _nt_xent_analytic_bwd)

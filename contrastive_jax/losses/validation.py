@@ -1,0 +1,98 @@
+"""Input checks at the loss boundary.
+
+Every public loss checks ranks, shapes, dtypes and plain-number hyper-parameters here, before
+tracing, so a mistake surfaces as a ``ValueError`` that names the offending argument instead of a
+shape error deep inside XLA. Values that are traced (inside ``jit``) cannot be inspected; only
+their shapes and dtypes are checked then.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def compute_dtype(*arrays: Array) -> jnp.dtype:
+    """The dtype the losses compute in: float32, or float64 if an input is float64.
+
+    bfloat16 and float16 embeddings are promoted to float32 before the logits and the log-sum-exp
+    are formed, so that a logit scale of 100 never overflows a half-precision exponent.
+    """
+    return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
+
+
+def check_embeddings(name: str, x: Array) -> None:
+    """A rank-2 (batch, dim) floating-point array."""
+    shape = jnp.shape(x)
+    if len(shape) != 2:
+        raise ValueError(
+            f"{name} must be a rank-2 (batch, dim) array of embeddings; got shape {shape} "
+            f"(rank {len(shape)}). Flatten extra axes or add a batch axis."
+        )
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"{name} must be floating point (float32, bfloat16 or float64); got dtype {dtype}. "
+            "Cast the embeddings before calling the loss."
+        )
+
+
+def check_pair(x_name: str, x: Array, y_name: str, y: Array) -> None:
+    """Two embedding batches with the same (batch, dim) shape."""
+    check_embeddings(x_name, x)
+    check_embeddings(y_name, y)
+    if jnp.shape(x) != jnp.shape(y):
+        (n_x, d_x), (n_y, d_y) = jnp.shape(x), jnp.shape(y)
+        what = "batch sizes" if n_x != n_y else "embedding dims"
+        raise ValueError(
+            f"{x_name} and {y_name} must have the same shape; got {x_name} {jnp.shape(x)} and "
+            f"{y_name} {jnp.shape(y)} (the {what} differ: row i of one is paired with row i "
+            "of the other, and both must live in the same embedding space)."
+        )
+
+
+def check_has_negatives(name: str, n: int, what: str = "batch size") -> None:
+    """At least two candidates, so that every anchor has a negative."""
+    if n < 2:
+        raise ValueError(
+            f"{name} has {what} {n}; a contrastive loss needs at least 2 candidates per anchor "
+            "(one positive and at least one negative). Use a larger batch."
+        )
+
+
+def _concrete_scalar(value) -> float | None:
+    """The value as a float if it is known now (not traced), else None."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    arr = np.asarray(value)
+    if arr.shape != ():
+        return None
+    return float(arr)
+
+
+def check_scalar(name: str, value) -> None:
+    """A scalar (a Python number or a shape-() array)."""
+    if jnp.shape(value) != ():
+        raise ValueError(f"{name} must be a scalar; got shape {jnp.shape(value)}.")
+
+
+def check_positive(name: str, value) -> None:
+    """A positive, finite scalar; checked whenever the value is known (not traced)."""
+    check_scalar(name, value)
+    v = _concrete_scalar(value)
+    if v is not None and not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{name} must be a positive finite number; got {v}.")
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """One of a fixed set of strings."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}.")
