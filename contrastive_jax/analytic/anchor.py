@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.analytic import batch
 from contrastive_jax.similarity import MATMUL_PRECISION
 
 Array = jax.Array
@@ -26,8 +27,12 @@ def cosine_similarities(u: Array, candidates: Array) -> Array:
 
 
 def infonce_logit_grad(logits: Array, positive: int | Array) -> Array:
-    """``grad_z l = p - y`` (000 P1 step 2): (K,) -> (K,)."""
-    return jax.nn.softmax(logits) - jax.nn.one_hot(positive, logits.shape[-1], dtype=logits.dtype)
+    """``grad_z l = p - y`` (000 P1 step 2): (K,) -> (K,).
+
+    ``p_pos - 1`` is evaluated as ``-(sum_{j != pos} p_j)`` (see
+    :func:`contrastive_jax.analytic.batch.softmax_minus_onehot`).
+    """
+    return batch.softmax_minus_onehot(logits, jnp.arange(logits.shape[-1]) == positive)
 
 
 def infonce_similarity_grad(

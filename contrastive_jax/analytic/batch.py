@@ -21,16 +21,29 @@ def _matmul(a: Array, b: Array) -> Array:
     return jnp.matmul(a, b, precision=MATMUL_PRECISION)
 
 
+def softmax_minus_onehot(logits: Array, onehot: Array, axis: int = -1) -> Array:
+    """``softmax(logits) - Y`` along ``axis``, with ``Y`` a boolean one-hot of the positives.
+
+    The positive entry ``p_pos - 1`` is formed as ``-(sum of the other p_j)``, which is the same
+    number but keeps full relative precision when the positive dominates (``p_pos = 1 - 1e-5``
+    would leave only two significant digits of ``p_pos - 1`` in float32). A ``-inf`` logit is an
+    excluded candidate and gets 0.
+    """
+    probs = jax.nn.softmax(logits, axis=axis)
+    others = jnp.sum(jnp.where(onehot, 0.0, probs), axis=axis, keepdims=True)
+    return jnp.where(onehot, -others, probs)
+
+
 def row_logit_grad(logits: Array) -> Array:
     """``dL_{x->y} / dZ = (P_r - I) / N`` (002 A.12.6; 000 P6 step 2). (N, N) -> (N, N)."""
     n = logits.shape[0]
-    return (jax.nn.softmax(logits, axis=1) - jnp.eye(n, dtype=logits.dtype)) / n
+    return softmax_minus_onehot(logits, jnp.eye(n, dtype=bool), axis=1) / n
 
 
 def column_logit_grad(logits: Array) -> Array:
     """``dL_{y->x} / dZ = (P_c - I) / N`` (002 A.12.4 by columns; 000 P6 step 4). (N, N)."""
     n = logits.shape[0]
-    return (jax.nn.softmax(logits, axis=0) - jnp.eye(n, dtype=logits.dtype)) / n
+    return softmax_minus_onehot(logits, jnp.eye(n, dtype=bool), axis=0) / n
 
 
 def symmetric_logit_grad(logits: Array) -> Array:
@@ -51,9 +64,8 @@ def nt_xent_logit_grad(logits: Array) -> Array:
     """
     m = logits.shape[0]
     eye = jnp.eye(m, dtype=bool)
-    probs = jax.nn.softmax(jnp.where(eye, -jnp.inf, logits), axis=1)
-    partners = jnp.roll(jnp.eye(m, dtype=logits.dtype), m // 2, axis=1)
-    return (probs - partners) / m
+    partners = jnp.roll(eye, m // 2, axis=1)
+    return softmax_minus_onehot(jnp.where(eye, -jnp.inf, logits), partners, axis=1) / m
 
 
 def normalized_embedding_grads(
