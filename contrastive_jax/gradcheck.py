@@ -4,7 +4,8 @@ Each :class:`Check` draws random inputs, evaluates one formula of :mod:`contrast
 (or an analytic backward pass of a loss) and the same quantity by automatic differentiation of
 the corresponding loss in :mod:`contrastive_jax.losses`, and reports the normwise relative error
 ``||formula - autodiff||_2 / ||autodiff||_2`` (the worst over several shapes and seeds). For the
-identity of 000 P7.2 the error is the normalised residual ``|u . g| / (||u|| ||g||)``. ``experiments/gradcheck.py`` prints the table; the tests
+identity of 000 P7.2 the error is the normalised residual ``|u . g| / (||u|| ||g||)``.
+``experiments/gradcheck.py`` prints the table; the tests
 assert every float64 row is below 1e-10.
 """
 
@@ -326,20 +327,28 @@ def check_error(
     return worst
 
 
-DEFAULT_SHAPES = ((3, 2), (8, 16), (33, 64))
+DEFAULT_SHAPES = ((3, 2), (33, 64))
 
 
 def run_gradcheck(
-    shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES, seeds: Sequence[int] = (0, 1)
+    shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES,
+    seeds: Sequence[int] = (0, 1),
+    progress: Callable[[int, int, dict], None] | None = None,
 ) -> list[dict]:
-    """One row per check: name, source, max relative error in float32 and in float64."""
+    """One row per check: name, source, max relative error in float32 and in float64.
+
+    ``progress(i, total, row)`` is called after each row (the checks compile for every shape,
+    so a full table takes about a minute on two CPU cores).
+    """
     rows = []
-    for check in CHECKS:
+    for i, check in enumerate(CHECKS):
         row = {"formula": check.name, "source": check.source}
         row["float32"] = check_error(check, "float32", shapes, seeds)
         with jax.enable_x64(True):
             row["float64"] = check_error(check, "float64", shapes, seeds)
         rows.append(row)
+        if progress is not None:
+            progress(i + 1, len(CHECKS), row)
     return rows
 
 
@@ -347,6 +356,7 @@ def markdown_table(rows: Sequence[dict]) -> str:
     """The rows as a markdown table (errors in scientific notation)."""
     lines = ["| formula | source | max rel. error f32 | max rel. error f64 |",
              "| --- | --- | --- | --- |"]
-    lines += [f"| {r['formula']} | {r['source']} | {r['float32']:.2e} | {r['float64']:.2e} |"
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    lines += [f"| {cell(r['formula'])} | {r['source']} | {r['float32']:.2e} | {r['float64']:.2e} |"
               for r in rows]
     return "\n".join(lines)

@@ -4,8 +4,8 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import jax
+from hypothesis import settings
 
 jax.config.update("jax_num_cpu_devices", 8)
 

@@ -1,5 +1,7 @@
 """Every closed form of 000 P1-P10 and 002 A.12.6-A.12.8 against jax.grad, and their identities."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,7 +102,7 @@ def test_p5_low_temperature_limit_is_the_hinge(positive_leads):
         for tau in (0.5, 0.1, 0.02, 0.004):
             loss = info_nce((c / tau)[None], jnp.array([0]))
             gaps.append(abs(float(loss - anchor.low_temperature_loss_limit(c, 0, tau))))
-        assert all(a > b for a, b in zip(gaps, gaps[1:], strict=False))
+        assert all(a > b for a, b in itertools.pairwise(gaps))
         assert gaps[-1] < 1e-9
         tau = 0.004
         grad = jax.grad(lambda c: info_nce((c / tau)[None], jnp.array([0])))(c)
@@ -115,8 +117,8 @@ def test_p5_high_temperature_weights_become_uniform_and_gradient_vanishes():
         np.testing.assert_allclose(p, 1 / 3, atol=2 / tau)
     grads = [jnp.linalg.norm(anchor.infonce_similarity_grad(c, 0, tau)) for tau in (1, 10, 100)]
     assert grads[0] > grads[1] > grads[2]
-    np.testing.assert_allclose(anchor.high_temperature_grad_limit(3, 0, 1.0), [-2 / 3, 1 / 3, 1 / 3],
-                               rtol=1e-6)
+    np.testing.assert_allclose(anchor.high_temperature_grad_limit(3, 0, 1.0),
+                               [-2 / 3, 1 / 3, 1 / 3], rtol=1e-6)
 
 
 def test_p5_weight_ratio_examples_of_the_text():

@@ -137,7 +137,8 @@ def test_analytic_backward_returns_input_dtypes():
         (np.zeros((4, 3), int), np.zeros((4, 3), int), {}, "floating point"),
         (np.zeros((4, 3)), np.zeros((4, 3)), {"direction": "xy"}, "direction must be one of"),
         (np.zeros((4, 3)), np.zeros((4, 3)), {"impl": "tiled?"}, "impl must be one of"),
-        (np.zeros((4, 3)), np.zeros((4, 3)), {"max_scale": 0.0}, "max_scale must be a positive finite number"),
+        (np.zeros((4, 3)), np.zeros((4, 3)), {"max_scale": 0.0},
+         "max_scale must be a positive finite number"),
     ],
 )
 def test_bad_input_raises_value_error(x, y, kwargs, message):

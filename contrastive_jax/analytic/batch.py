@@ -89,7 +89,9 @@ def project_through_normalization(u: Array, grad_u_hat: Array) -> Array:
     return (grad_u_hat - u_hat * jnp.sum(u_hat * grad_u_hat, axis=-1, keepdims=True)) / norm
 
 
-def symmetric_embedding_grads(u: Array, v: Array, temperature: Array | float) -> tuple[Array, Array]:
+def symmetric_embedding_grads(
+    u: Array, v: Array, temperature: Array | float
+) -> tuple[Array, Array]:
     """Gradients of the symmetric (CLIP) loss w.r.t. the raw embeddings (000 P9 step 5).
 
     ``Gamma = (P_r + P_c - 2I)/(2N)``, ``grad_{U_hat} = Gamma V_hat / tau``,

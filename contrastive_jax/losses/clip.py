@@ -1,4 +1,7 @@
-"""Symmetric CLIP InfoNCE with a learnable, clipped logit scale (001; 002 A.12.5; 000 P6, P8, P9)."""
+"""Symmetric CLIP InfoNCE with a learnable, clipped logit scale.
+
+Sources: 001; 002 A.12.5; 000 P6, P8, P9.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import jax.numpy as jnp
 from contrastive_jax.analytic import batch as analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
-from contrastive_jax.similarity import similarities
 from contrastive_jax.losses.validation import (
     check_choice,
     check_has_negatives,
@@ -20,6 +22,7 @@ from contrastive_jax.losses.validation import (
     check_scalar,
     compute_dtype,
 )
+from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 
@@ -28,7 +31,7 @@ IMPLS = ("autodiff", "analytic")
 
 
 def logit_scale(log_scale: Array | float, max_scale: float = 100.0) -> Array:
-    """``s = min(exp(log_scale), max_scale)``; the clip is active iff ``log_scale >= log(max_scale)``.
+    """``s = min(exp(log_scale), max_scale)``, active iff ``log_scale >= log(max_scale)``.
 
     Where it is active ``s`` is the constant ``max_scale`` and ``ds / dlog_scale = 0``, exactly
     (never NaN, even for a huge ``log_scale``). CLIP's cap of 100 means ``tau >= 0.01`` (000 P8).

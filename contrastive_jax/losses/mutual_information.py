@@ -30,6 +30,7 @@ def mi_lower_bound(loss: Array | float, num_candidates: int) -> Array:
         raise ValueError(f"num_candidates must be an integer; got {num_candidates!r}.")
     if num_candidates < 2:
         raise ValueError(
-            f"num_candidates must be >= 2 (the bound is log N - L with N >= 2); got {num_candidates}."
+            "num_candidates must be >= 2 (the bound is log N - L with N >= 2); "
+            f"got {num_candidates}."
         )
     return math.log(num_candidates) - jnp.asarray(loss)

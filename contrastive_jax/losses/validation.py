@@ -48,8 +48,7 @@ def check_pair(x_name: str, x: Array, y_name: str, y: Array) -> None:
     check_embeddings(x_name, x)
     check_embeddings(y_name, y)
     if jnp.shape(x) != jnp.shape(y):
-        (n_x, d_x), (n_y, d_y) = jnp.shape(x), jnp.shape(y)
-        what = "batch sizes" if n_x != n_y else "embedding dims"
+        what = "batch sizes" if jnp.shape(x)[0] != jnp.shape(y)[0] else "embedding dims"
         raise ValueError(
             f"{x_name} and {y_name} must have the same shape; got {x_name} {jnp.shape(x)} and "
             f"{y_name} {jnp.shape(y)} (the {what} differ: row i of one is paired with row i "
