@@ -5,14 +5,17 @@ float32 (or float64), and validates shapes before tracing. See each function for
 and the reference text it follows.
 """
 
-from contrastive_jax.losses.clip import clip_loss, logit_scale
+from contrastive_jax.losses.clip import clip_loss
 from contrastive_jax.losses.info_nce import info_nce, masked_logsumexp
 from contrastive_jax.losses.moco import moco_infonce
 from contrastive_jax.losses.mutual_information import mi_lower_bound
 from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
 from contrastive_jax.losses.nt_xent import nt_xent
+from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE
 
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "clip_loss",
     "info_nce",
     "l2_normalize",

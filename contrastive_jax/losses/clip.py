@@ -6,7 +6,6 @@ Sources: 001; 002 A.12.5; 000 P6, P8, P9.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,10 @@ import jax.numpy as jnp
 from contrastive_jax.analytic import batch as analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.temperature import clip_active, logit_scale
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, clip_loss_tiled
 from contrastive_jax.losses.validation import (
+    check_block_size,
     check_choice,
     check_has_negatives,
     check_pair,
@@ -27,18 +29,7 @@ from contrastive_jax.similarity import similarities
 Array = jax.Array
 
 DIRECTIONS = ("both", "x_to_y", "y_to_x")
-IMPLS = ("autodiff", "analytic")
-
-
-def logit_scale(log_scale: Array | float, max_scale: float = 100.0) -> Array:
-    """``s = min(exp(log_scale), max_scale)``, active iff ``log_scale >= log(max_scale)``.
-
-    Where it is active ``s`` is the constant ``max_scale`` and ``ds / dlog_scale = 0``, exactly
-    (never NaN, even for a huge ``log_scale``). CLIP's cap of 100 means ``tau >= 0.01`` (000 P8).
-    """
-    log_scale = jnp.asarray(log_scale)
-    active = log_scale >= math.log(max_scale)
-    return jnp.where(active, max_scale, jnp.exp(jnp.where(active, 0.0, log_scale)))
+IMPLS = ("autodiff", "analytic", "tiled")
 
 
 def clip_loss(
@@ -49,6 +40,7 @@ def clip_loss(
     max_scale: float = 100.0,
     direction: str = "both",
     impl: str = "autodiff",
+    block_size: int | None = None,
 ) -> Array:
     """CLIP's symmetric InfoNCE on paired embeddings; row i of ``x`` matches row i of ``y``.
 
@@ -58,9 +50,14 @@ def clip_loss(
       max_scale: the cap on ``s`` (CLIP: 100).
       direction: ``"both"`` for ``0.5 (L_x->y + L_y->x)``, or ``"x_to_y"`` / ``"y_to_x"`` for one
         side.
-      impl: ``"autodiff"`` (reverse mode through the forward, composes with any JAX transform)
-        or ``"analytic"`` (a ``jax.custom_vjp`` whose backward pass is 000 P9: ``Gamma`` from the
-        saved logits, two matmuls and a row projection; reverse mode only).
+      impl: ``"autodiff"`` (reverse mode through the dense forward; composes with every JAX
+        transform), ``"analytic"`` (dense, a ``jax.custom_vjp`` whose backward pass is 000 P9:
+        ``Gamma`` from the saved logits, two matmuls and a row projection) or ``"tiled"`` (never
+        builds the N x N logits: online log-sum-exp over (block, block) tiles forward, tiles
+        recomputed backward; memory O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`).
+        ``"analytic"`` and ``"tiled"`` are reverse-mode only.
+      block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, measured;
+        clamped to N, the last block padded and masked). An error for the other impls.
 
     Returns:
       Scalar loss in float32 (float64 for float64 inputs).
@@ -85,11 +82,14 @@ def clip_loss(
     check_positive("max_scale", max_scale)
     check_choice("direction", direction, DIRECTIONS)
     check_choice("impl", impl, IMPLS)
+    block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(x, y)
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
     log_scale = jnp.asarray(log_scale).astype(dtype)
     if impl == "analytic":
         return _clip_loss_analytic(x, y, log_scale, float(max_scale), direction)
+    if impl == "tiled":
+        return clip_loss_tiled(x, y, log_scale, float(max_scale), direction, block_size)
     return _clip_forward(x, y, log_scale, float(max_scale), direction)[0]
 
 
@@ -125,8 +125,8 @@ def _clip_loss_analytic_bwd(max_scale, direction, residuals, g):
     gamma = g * _LOGIT_GRADS[direction](logits)
     scale = logit_scale(log_scale, max_scale)
     g_x_hat, g_y_hat = analytic.normalized_embedding_grads(x_hat, y_hat, gamma, scale)
-    clipped = log_scale >= math.log(max_scale)
-    g_log_scale = jnp.where(clipped, 0.0, analytic.log_scale_grad(logits, gamma))
+    g_log_scale = jnp.where(clip_active(log_scale, max_scale), 0.0,
+                            analytic.log_scale_grad(logits, gamma))
     return l2_normalize_vjp(x, g_x_hat), l2_normalize_vjp(y, g_y_hat), g_log_scale.astype(
         log_scale.dtype
     )

@@ -8,7 +8,9 @@ import jax.numpy as jnp
 from contrastive_jax.analytic import batch as analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, nt_xent_tiled
 from contrastive_jax.losses.validation import (
+    check_block_size,
     check_choice,
     check_has_negatives,
     check_pair,
@@ -19,19 +21,30 @@ from contrastive_jax.similarity import MATMUL_PRECISION, similarities
 
 Array = jax.Array
 
-IMPLS = ("autodiff", "analytic")
+IMPLS = ("autodiff", "analytic", "tiled")
 
 
-def nt_xent(z1: Array, z2: Array, temperature: Array | float, *, impl: str = "autodiff") -> Array:
+def nt_xent(
+    z1: Array,
+    z2: Array,
+    temperature: Array | float,
+    *,
+    impl: str = "autodiff",
+    block_size: int | None = None,
+) -> Array:
     """Normalised-temperature cross-entropy over the 2N views ``[z1; z2]``.
 
     Args:
       z1, z2: (N, d) embeddings of the two views, N >= 2; ``z1[i]`` and ``z2[i]`` are a positive
         pair. L2-normalised inside.
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
-      impl: ``"autodiff"`` or ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
+      impl: ``"autodiff"``, ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
         from 000 P9: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then the projection
-        through the normalisation).
+        through the normalisation) or ``"tiled"`` (never builds the 2N x 2N matrix; visits only
+        the tiles on and above the diagonal of the symmetric similarity; memory
+        O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`).
+      block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
+        for the other impls.
 
     Returns:
       Scalar: the mean over all 2N anchors (004, step 6).
@@ -49,11 +62,14 @@ def nt_xent(z1: Array, z2: Array, temperature: Array | float, *, impl: str = "au
     check_has_negatives("z1", jnp.shape(z1)[0])
     check_positive("temperature", temperature)
     check_choice("impl", impl, IMPLS)
+    block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(z1, z2)
     z = jnp.concatenate([jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)], axis=0)
     temperature = jnp.asarray(temperature).astype(dtype)
     if impl == "analytic":
         return _nt_xent_analytic(z, temperature)
+    if impl == "tiled":
+        return nt_xent_tiled(z, temperature, block_size)
     return _nt_xent_forward(z, temperature)[0]
 
 

@@ -91,6 +91,24 @@ def check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive finite number; got {v}.")
 
 
+def check_block_size(block_size: int | None, impl: str, default: int) -> int | None:
+    """A positive integer block size, given only together with ``impl="tiled"``."""
+    if impl != "tiled":
+        if block_size is not None:
+            raise ValueError(
+                f"block_size={block_size} only applies to impl='tiled'; got impl={impl!r}. "
+                "Pass impl='tiled' or drop block_size."
+            )
+        return None
+    if block_size is None:
+        return default
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or (
+        block_size < 1
+    ):
+        raise ValueError(f"block_size must be a positive integer; got {block_size!r}.")
+    return int(block_size)
+
+
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """One of a fixed set of strings."""
     if value not in choices:

@@ -1,0 +1,142 @@
+"""impl="tiled" equals the dense losses and never materialises an N x N array."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax.losses import clip_loss, nt_xent
+
+CASES = [  # (N, block): not divisible, smaller than one block, exact multiple, tiny
+    (37, 8),
+    (5, 16),
+    (64, 16),
+    (2, 1),
+]
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    nb = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / nb if nb > 0 else np.linalg.norm(a)
+
+
+def _data(n, d, dtype, clustered=False, seed=0):
+    kx, ky, kc = jax.random.split(jax.random.key(seed), 3)
+    if clustered:  # three tight clusters: logits at scale 100 span [-100, 100]
+        centres = jax.random.normal(kc, (3, d), dtype)
+        x = centres[jnp.arange(n) % 3] + 1e-3 * jax.random.normal(kx, (n, d), dtype)
+    else:
+        x = jax.random.normal(kx, (n, d), dtype)
+    y = x + 0.5 * jax.random.normal(ky, (n, d), dtype)
+    return x.at[n // 2].set(0.0), y  # and one zero row
+
+
+def _value_and_grads(loss, impl, *args, **kw):
+    f = jax.jit(jax.value_and_grad(lambda *a: loss(*a, impl=impl, **kw), argnums=(0, 1, 2)))
+    return f(*args)
+
+
+def _assert_same(dense, tiled, tol):
+    (ld, gd), (lt, gt) = dense, tiled
+    assert _rel(lt, ld) <= tol
+    for a, b in zip(gd, gt, strict=True):
+        assert _rel(b, a) <= tol, (_rel(b, a), tol)
+
+
+@pytest.mark.parametrize("n, block", CASES)
+@pytest.mark.parametrize("direction", ["both", "x_to_y", "y_to_x"])
+def test_clip_tiled_equals_dense(n, block, direction):
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.float64, 1e-12)):
+        with jax.enable_x64(dtype == jnp.float64):
+            x, y = _data(n, 12, dtype)
+            for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):  # last two: clipped
+                ls = jnp.asarray(log_scale, dtype)
+                dense = _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction)
+                tiled = _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
+                                         block_size=block)
+                _assert_same(dense, tiled, tol)
+
+
+@pytest.mark.parametrize("n, block", CASES)
+def test_nt_xent_tiled_equals_dense(n, block):
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.float64, 1e-12)):
+        with jax.enable_x64(dtype == jnp.float64):
+            z1, z2 = _data(n, 12, dtype)
+            for tau in (1.0, 0.1, 0.01):
+                t = jnp.asarray(tau, dtype)
+                dense = _value_and_grads(nt_xent, "autodiff", z1, z2, t)
+                tiled = _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)
+                _assert_same(dense, tiled, tol)
+
+
+def test_clustered_data_at_scale_100_stays_exact():
+    # Logits in one tile span ~200: an online log-sum-exp with a single shared shift would
+    # underflow whole rows; the per-row and per-column statistics must not.
+    x, y = _data(48, 16, jnp.float32, clustered=True)
+    dense = _value_and_grads(clip_loss, "autodiff", x, y, jnp.log(100.0))
+    tiled = _value_and_grads(clip_loss, "tiled", x, y, jnp.log(100.0), block_size=16)
+    _assert_same(dense, tiled, 1e-5)
+    dense = _value_and_grads(nt_xent, "autodiff", x, y, 0.01)
+    tiled = _value_and_grads(nt_xent, "tiled", x, y, 0.01, block_size=16)
+    _assert_same(dense, tiled, 1e-5)
+
+
+@pytest.mark.parametrize("loss", [clip_loss, nt_xent])
+def test_bfloat16_inputs(loss):
+    x, y = (a.astype(jnp.bfloat16) for a in _data(40, 16, jnp.float32))
+    third = jnp.log(100.0) if loss is clip_loss else 0.05
+    lt, gt = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third, impl="tiled", block_size=16)
+    ld, gd = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third)
+    assert lt.dtype == jnp.float32 and gt[0].dtype == jnp.bfloat16
+    assert _rel(lt, ld) <= 1e-5
+    for a, b in zip(gd, gt, strict=True):  # both round their float32 gradient to bfloat16
+        assert _rel(b, a) <= 1e-2
+
+
+def _largest_intermediate(jaxpr) -> int:
+    """Largest array (elements) produced anywhere in a jaxpr, sub-jaxprs included."""
+    biggest = 0
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            biggest = max(biggest, int(np.prod(getattr(var.aval, "shape", ()))))
+        for param in eqn.params.values():
+            subs = param if isinstance(param, (tuple, list)) else [param]
+            for sub in subs:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    biggest = max(biggest, _largest_intermediate(inner))
+    return biggest
+
+
+@pytest.mark.parametrize("loss", [clip_loss, nt_xent])
+def test_no_n_by_n_intermediate(loss):
+    n, d, block = 2048, 8, 128
+    x, y = _data(n, d, jnp.float32)
+    third = jnp.log(20.0) if loss is clip_loss else 0.1
+    rows = n if loss is clip_loss else 2 * n
+
+    def f(x, y, t):
+        return loss(x, y, t, impl="tiled", block_size=block)
+
+    grad_fn = jax.grad(f, argnums=(0, 1, 2))
+    largest = _largest_intermediate(jax.make_jaxpr(grad_fn)(x, y, third).jaxpr)
+    assert largest <= max(rows * d, block * block)  # O(N d + b^2) ...
+    dense = _largest_intermediate(jax.make_jaxpr(
+        jax.grad(lambda *a: loss(*a), argnums=(0, 1, 2)))(x, y, third).jaxpr)
+    assert dense >= rows * rows  # ... where the dense loss holds N x N arrays
+    # The compiled program agrees: its scratch memory is far below one N x N float32 array.
+    stats = jax.jit(grad_fn).lower(x, y, third).compile().memory_analysis()
+    if stats is not None:
+        assert stats.temp_size_in_bytes < 4 * rows * rows / 8
+        assert stats.temp_size_in_bytes <= 4 * 8 * (rows * d + rows + block * block)
+
+
+def test_block_size_errors():
+    x, y = _data(8, 4, jnp.float32)
+    with pytest.raises(ValueError, match="only applies to impl='tiled'"):
+        clip_loss(x, y, 1.0, block_size=4)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        clip_loss(x, y, 1.0, impl="tiled", block_size=0)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        nt_xent(x, y, 0.1, impl="tiled", block_size=2.5)
