@@ -5,15 +5,13 @@ Sources: 001; 002 A.12.5; 000 P6, P8, P9.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.analytic import batch as analytic
+from contrastive_jax.losses.dense_analytic import clip_loss_analytic
 from contrastive_jax.losses.info_nce import row_losses
-from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
-from contrastive_jax.losses.temperature import clip_active, logit_scale
+from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, clip_loss_tiled
 from contrastive_jax.losses.validation import (
     check_block_size,
@@ -87,10 +85,10 @@ def clip_loss(
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
     log_scale = jnp.asarray(log_scale).astype(dtype)
     if impl == "analytic":
-        return _clip_loss_analytic(x, y, log_scale, float(max_scale), direction)
+        return clip_loss_analytic(x, y, log_scale, float(max_scale), direction)
     if impl == "tiled":
         return clip_loss_tiled(x, y, log_scale, float(max_scale), direction, block_size)
-    return _clip_forward(x, y, log_scale, float(max_scale), direction)[0]
+    return _clip_forward(x, y, log_scale, float(max_scale), direction)
 
 
 def _directional_mean(logits: Array, direction: str) -> Array:
@@ -105,34 +103,4 @@ def _directional_mean(logits: Array, direction: str) -> Array:
 def _clip_forward(x, y, log_scale, max_scale, direction):
     x_hat, y_hat = l2_normalize(x), l2_normalize(y)
     logits = logit_scale(log_scale, max_scale) * similarities(x_hat, y_hat)
-    return _directional_mean(logits, direction), (x, y, x_hat, y_hat, logits, log_scale)
-
-
-_LOGIT_GRADS = {
-    "both": analytic.symmetric_logit_grad,
-    "x_to_y": analytic.row_logit_grad,
-    "y_to_x": analytic.column_logit_grad,
-}
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _clip_loss_analytic(x, y, log_scale, max_scale, direction):
-    return _clip_forward(x, y, log_scale, max_scale, direction)[0]
-
-
-def _clip_loss_analytic_bwd(max_scale, direction, residuals, g):
-    x, y, x_hat, y_hat, logits, log_scale = residuals
-    gamma = g * _LOGIT_GRADS[direction](logits)
-    scale = logit_scale(log_scale, max_scale)
-    g_x_hat, g_y_hat = analytic.normalized_embedding_grads(x_hat, y_hat, gamma, scale)
-    g_log_scale = jnp.where(clip_active(log_scale, max_scale), 0.0,
-                            analytic.log_scale_grad(logits, gamma))
-    return l2_normalize_vjp(x, g_x_hat), l2_normalize_vjp(y, g_y_hat), g_log_scale.astype(
-        log_scale.dtype
-    )
-
-
-_clip_loss_analytic.defvjp(
-    lambda x, y, ls, max_scale, direction: _clip_forward(x, y, ls, max_scale, direction),
-    _clip_loss_analytic_bwd,
-)
+    return _directional_mean(logits, direction)

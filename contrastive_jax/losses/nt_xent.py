@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.analytic import batch as analytic
+from contrastive_jax.losses.dense_analytic import nt_xent_analytic
 from contrastive_jax.losses.info_nce import row_losses
-from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, nt_xent_tiled
 from contrastive_jax.losses.validation import (
     check_block_size,
@@ -17,7 +17,7 @@ from contrastive_jax.losses.validation import (
     check_positive,
     compute_dtype,
 )
-from contrastive_jax.similarity import MATMUL_PRECISION, similarities
+from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 
@@ -67,10 +67,10 @@ def nt_xent(
     z = jnp.concatenate([jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)], axis=0)
     temperature = jnp.asarray(temperature).astype(dtype)
     if impl == "analytic":
-        return _nt_xent_analytic(z, temperature)
+        return nt_xent_analytic(z, temperature)
     if impl == "tiled":
         return nt_xent_tiled(z, temperature, block_size)
-    return _nt_xent_forward(z, temperature)[0]
+    return _nt_xent_forward(z, temperature)
 
 
 def _nt_xent_forward(z, temperature):
@@ -79,22 +79,4 @@ def _nt_xent_forward(z, temperature):
     m = z.shape[0]
     not_self = ~jnp.eye(m, dtype=bool)
     partner = jnp.roll(jnp.eye(m, dtype=bool), m // 2, axis=1)
-    loss = jnp.mean(row_losses(logits, partner, candidates=not_self))
-    return loss, (z, z_hat, logits, temperature)
-
-
-@jax.custom_vjp
-def _nt_xent_analytic(z, temperature):
-    return _nt_xent_forward(z, temperature)[0]
-
-
-def _nt_xent_analytic_bwd(residuals, g):
-    z, z_hat, logits, temperature = residuals
-    grad_logits = g * analytic.nt_xent_logit_grad(logits)
-    g_z_hat = jnp.matmul(grad_logits + grad_logits.T, z_hat, precision=MATMUL_PRECISION)
-    g_z = l2_normalize_vjp(z, g_z_hat / temperature)
-    g_temperature = -jnp.sum(grad_logits * logits) / temperature
-    return g_z, g_temperature.astype(temperature.dtype)
-
-
-_nt_xent_analytic.defvjp(_nt_xent_forward, _nt_xent_analytic_bwd)
+    return jnp.mean(row_losses(logits, partner, candidates=not_self))

@@ -1,0 +1,187 @@
+"""Loss benchmark: dense autodiff vs dense analytic backward vs tiled, forward + backward.
+
+    python benchmarks/loss_bench.py [--sizes 1024 4096 16384] [--large] [--runs 5]
+    python benchmarks/loss_bench.py --sweep-block 256 512 1024 2048 --sizes 16384
+
+Every configuration runs in its own fresh subprocess, one after another (never two at once), so
+that each measures its own peak memory and none competes with another for the cores. A worker:
+imports JAX and the library, reads ``ru_maxrss`` (the post-import baseline), builds float32
+inputs, compiles ``value_and_grad`` of the loss (w.r.t. both embeddings and the temperature),
+times ``--runs`` forward+backward passes after one warm-up, reads ``ru_maxrss`` again (peak extra
+memory = the difference: inputs, outputs, XLA scratch and compilation included), then times an
+(N, d) @ (d, N) float32 matmul in the same process as the reference for the useful fraction
+(for N > 16384 an (N, d) @ (d, 16384) one, whose N x N output would not fit in memory).
+
+Columns: median time of a forward+backward pass; peak extra memory; useful GFLOP/s =
+``6 N^2 d / time`` (the three N x N x d matmuls of the dense analytic pass); and that figure as a
+fraction of the matmul's own GFLOP/s (``2 N^2 d / t_matmul``). A tiled pass recomputes the logits,
+four matmuls against three, so 0.75 is its ceiling; the tiled NT-Xent visits only the tiles on and
+above the diagonal of its symmetric similarity, so it can exceed that. ``N`` is the number of rows
+of the similarity matrix: N pairs for CLIP, N/2 pairs (N views) for NT-Xent.
+
+Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
+IMPLS = ("autodiff", "analytic", "tiled")
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import resource
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from contrastive_jax.losses import clip_loss, nt_xent
+
+    def peak_mb() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    baseline = peak_mb()
+    n, d = args.n, args.d
+    rows = n if args.loss == "clip" else n // 2
+    kx, ky = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (rows, d), jnp.float32)
+    y = x + jax.random.normal(ky, (rows, d), jnp.float32)
+    kwargs = {"impl": args.impl}
+    if args.impl == "tiled":
+        kwargs["block_size"] = args.block
+    if args.loss == "clip":
+        third = jnp.log(jnp.float32(1 / 0.07))
+        fn = lambda a, b, t: clip_loss(a, b, t, **kwargs)  # noqa: E731
+    else:
+        third = jnp.float32(0.1)
+        fn = lambda a, b, t: nt_xent(a, b, t, **kwargs)  # noqa: E731
+    step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))
+    jax.block_until_ready(step(x, y, third))  # compile + warm-up
+    times = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        jax.block_until_ready(step(x, y, third))
+        times.append(time.perf_counter() - start)
+    extra_mb = peak_mb() - baseline
+    del step
+    matmul = jax.jit(lambda a, b: a @ b.T)
+    cols = min(n, 16384)  # an N x 65536 float32 product would not fit in memory
+    a = jax.random.normal(kx, (n, d), jnp.float32)
+    b = jax.random.normal(ky, (cols, d), jnp.float32)
+    jax.block_until_ready(matmul(a, b))
+    mm_times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a, b))
+        mm_times.append(time.perf_counter() - start)
+    t = float(np.median(times))
+    t_mm = float(np.median(mm_times))
+    useful = 6 * n * n * d / t / 1e9
+    mm_gflops = 2 * n * cols * d / t_mm / 1e9
+    return {
+        "loss": args.loss, "impl": args.impl, "n": n, "d": d,
+        "block": args.block if args.impl == "tiled" else None,
+        "time_s": t, "extra_mb": extra_mb, "useful_gflops": useful,
+        "matmul_gflops": mm_gflops, "fraction": useful / mm_gflops,
+    }
+
+
+def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, timeout: float):
+    cmd = [sys.executable, __file__, "--worker", "--loss", loss, "--impl", impl, "--n", str(n),
+           "--d", str(d), "--block", str(block), "--runs", str(runs)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"loss": loss, "impl": impl, "n": n, "d": d, "block": block,
+                "error": f"timeout {timeout:.0f}s"}
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1][:120]
+        return {"loss": loss, "impl": impl, "n": n, "d": d, "block": block,
+                "error": f"exit {out.returncode}: {last}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| loss | impl | N | block | fwd+bwd (s) | extra memory (MB) | useful GFLOP/s "
+             "| matmul GFLOP/s | fraction of matmul | time vs autodiff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = {(r["loss"], r["n"]): r["time_s"] for r in rows
+            if r.get("impl") == "autodiff" and "error" not in r}
+    for r in rows:
+        block = r.get("block") or "-"
+        if "error" in r:
+            lines.append(f"| {r['loss']} | {r['impl']} | {r['n']} | {block} | {r['error']} "
+                         "| | | | | |")
+            continue
+        ratio = r["time_s"] / base[(r["loss"], r["n"])] if (r["loss"], r["n"]) in base else None
+        lines.append(
+            f"| {r['loss']} | {r['impl']} | {r['n']} | {block} | {r['time_s']:.3f} "
+            f"| {r['extra_mb']:.0f} | {r['useful_gflops']:.1f} | {r['matmul_gflops']:.1f} "
+            f"| {r['fraction']:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--loss", choices=("clip", "nt_xent"), default="clip")
+    parser.add_argument("--impl", choices=IMPLS, default="tiled")
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--d", type=int, default=512)
+    parser.add_argument("--block", type=int, default=None, help="tiled block size")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--losses", nargs="+", default=["clip", "nt_xent"])
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS))
+    parser.add_argument("--large", action="store_true", help="also tiled at N = 65536")
+    parser.add_argument("--sweep-block", type=int, nargs="+", default=None,
+                        help="only the tiled impl, once per block size")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker")
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "loss_bench.md")
+    args = parser.parse_args(argv)
+    if args.block is None:
+        from contrastive_jax.losses import DEFAULT_BLOCK_SIZE
+
+        args.block = DEFAULT_BLOCK_SIZE
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+
+    plan = []
+    for loss in args.losses:
+        for n in args.sizes:
+            if args.sweep_block:
+                plan += [(loss, "tiled", n, b, args.runs) for b in args.sweep_block]
+            else:
+                plan += [(loss, impl, n, args.block, args.runs) for impl in args.impls]
+        if args.large and not args.sweep_block:
+            plan.append((loss, "tiled", 65536, args.block, 2))
+    rows = []
+    for i, (loss, impl, n, block, runs) in enumerate(plan):
+        start = time.time()
+        row = run_worker(loss, impl, n, args.d, block, runs, args.timeout)
+        rows.append(row)
+        summary = row.get("error") or (f"{row['time_s']:.3f} s, {row['extra_mb']:.0f} MB, "
+                                       f"fraction {row['fraction']:.2f}")
+        print(f"[{i + 1}/{len(plan)}] {loss:8s} {impl:9s} N={n:6d} block={block:5d}: {summary}"
+              f"  ({time.time() - start:.0f} s wall)", flush=True)
+    table = markdown(rows)
+    print("\n" + table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Loss benchmark\n\nf32, d = {args.d}, median of the timed runs after one "
+              "warm-up; see `benchmarks/loss_bench.py` for the method.\n\n")
+    args.out.write_text(header + table + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

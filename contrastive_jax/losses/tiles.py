@@ -1,0 +1,179 @@
+"""Per-tile math shared by the dense analytic and the tiled losses.
+
+A *tile* is a block ``S = s U_r V_c^T`` of the logit matrix, with a boolean mask of the entries
+that are negatives (real rows and columns, not the anchor itself, not its positive). The dense
+analytic backward passes treat the whole matrix as one tile; the tiled losses loop over many.
+Every positive is handled outside the tiles, by its own logit, so that each loss and each
+``p_pos - 1`` is formed relative to the positive (``softplus(lse_neg - S_pos)``,
+``-sigmoid(lse_neg - S_pos)``) and keeps full relative precision.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+Array = jax.Array
+
+# Weights (row, column) of the two InfoNCE directions of the symmetric loss.
+DIRECTION_WEIGHTS = {"both": (0.5, 0.5), "x_to_y": (1.0, 0.0), "y_to_x": (0.0, 1.0)}
+
+
+class TilePlan(NamedTuple):
+    """Static layout: ``n`` real rows padded to ``num_blocks * block`` rows."""
+
+    n: int
+    block: int
+    num_blocks: int
+    symmetric: bool  # visit only r <= c (the rows and the columns are the same vectors)
+    exclude: str  # "diagonal" (CLIP: j == i) or "nt_xent" (j == i or j == (i + n/2) mod n)
+
+    @property
+    def n_pad(self) -> int:
+        return self.block * self.num_blocks
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        r, c = np.divmod(np.arange(self.num_blocks**2), self.num_blocks)
+        keep = r <= c if self.symmetric else np.ones_like(r, bool)
+        return r[keep].astype(np.int32), c[keep].astype(np.int32)
+
+
+def make_plan(n: int, block_size: int, *, symmetric: bool, exclude: str) -> TilePlan:
+    """Blocks of ``min(block_size, n)`` rows; the last one is padded and masked."""
+    block = min(block_size, n)
+    return TilePlan(n, block, math.ceil(n / block), symmetric, exclude)
+
+
+def pad_rows(x: Array, plan: TilePlan) -> Array:
+    extra = plan.n_pad - x.shape[0]
+    return x if extra == 0 else jnp.pad(x, ((0, extra), (0, 0)))
+
+
+def negatives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
+    """(b, b) True where column j is a negative for row i (real, not self, not positive)."""
+    rows = r * plan.block + jnp.arange(plan.block)[:, None]
+    cols = c * plan.block + jnp.arange(plan.block)[None, :]
+    mask = (rows < plan.n) & (cols < plan.n) & (rows != cols)
+    if plan.exclude == "nt_xent":
+        mask &= cols != (rows + plan.n // 2) % plan.n
+    return mask
+
+
+class Normaliser(NamedTuple):
+    """``log sum_j exp(S_j) = shift + log(total)`` per row (or column), kept as the pair.
+
+    Keeping ``(shift, total)`` rather than the log-sum-exp lets probabilities be formed as
+    ``exp(S - shift) / total``, where ``S - shift`` is exact for the large entries; ``exp(S -
+    lse)`` would carry the rounding of ``lse`` (~1e-6 relative at logits ~20 in float32) into
+    every probability. An empty set has ``shift = -inf`` and ``total = 0``.
+    """
+
+    shift: Array
+    total: Array
+
+
+def _safe(shift: Array) -> Array:
+    return jnp.where(jnp.isfinite(shift), shift, 0.0)
+
+
+def tile_normaliser(tile: Array, axis: int) -> Normaliser:
+    """The normaliser of a masked tile (``-inf`` = excluded) along ``axis``."""
+    shift = jnp.max(tile, axis=axis)
+    total = jnp.sum(jnp.exp(tile - jnp.expand_dims(_safe(shift), axis)), axis=axis)
+    return Normaliser(shift, total)
+
+
+def merge(a: Normaliser, b: Normaliser) -> Normaliser:
+    """The normaliser of the union of two disjoint sets (the online log-sum-exp step)."""
+    shift = jnp.maximum(a.shift, b.shift)
+    safe = _safe(shift)
+    return Normaliser(shift, a.total * jnp.exp(a.shift - safe) + b.total * jnp.exp(b.shift - safe))
+
+
+def negatives_minus_positive(negatives: Normaliser, positive: Array) -> Array:
+    """``lse_negatives - S_pos``, evaluated as ``(shift - S_pos) + log(total)`` (``-inf`` if empty).
+
+    The row loss is ``softplus`` of this and ``1 - p_pos`` its ``sigmoid``; forming the
+    difference of shift and positive first keeps it exact when they are close.
+    """
+    nonempty = negatives.total > 0
+    log_total = jnp.log(jnp.where(nonempty, negatives.total, 1.0))
+    return jnp.where(nonempty, (negatives.shift - positive) + log_total, -jnp.inf)
+
+
+def take(stats: NamedTuple, start: Array, size: int) -> NamedTuple:
+    """Rows ``start:start + size`` of every field of a per-row statistics tuple."""
+    return type(stats)(*(lax.dynamic_slice_in_dim(a, start, size) for a in stats))
+
+
+def put(stats: NamedTuple, part: NamedTuple, start: Array) -> NamedTuple:
+    """Write ``part`` into rows ``start:`` of every field."""
+    return type(stats)(*(lax.dynamic_update_slice_in_dim(a, p, start, 0)
+                         for a, p in zip(stats, part, strict=True)))
+
+
+def pad_weights(w: RowWeights, n_pad: int) -> RowWeights:
+    extra = n_pad - w.shift.shape[0]
+    return RowWeights(jnp.pad(w.shift, (0, extra), constant_values=-jnp.inf),
+                      jnp.pad(w.weight, (0, extra)))
+
+
+class RowWeights(NamedTuple):
+    """``p_ij = weight_i exp(S_ij - shift_i)`` for the negatives j of row i, times a coefficient."""
+
+    shift: Array
+    weight: Array
+
+
+def negative_probabilities(negatives: Normaliser, positive: Array, coeff: Array) -> RowWeights:
+    """``coeff p_ij`` for the negatives as ``coeff (1 - p_pos) softmax_negatives(S)_ij``.
+
+    ``1 - p_pos = sigmoid(lse_neg - S_pos)`` and the softmax over the negatives is a ratio of
+    exponentials of the same tile, so any systematic error of ``exp`` cancels (as it does in
+    autodiff of the loss); writing ``p_ij = exp(S_ij - lse_all)`` instead mixes an exactly known
+    positive term into the normaliser and leaves that error in every probability.
+    """
+    nonempty = negatives.total > 0
+    inv_total = jnp.where(nonempty, 1.0 / jnp.where(nonempty, negatives.total, 1.0), 0.0)
+    rest = jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
+    return RowWeights(negatives.shift, coeff * rest * inv_total)
+
+
+def tile_logit_grad(
+    cosines: Array,
+    logits: Array,
+    mask: Array,
+    rows: RowWeights | None,
+    cols: RowWeights | None,
+    pos_row: Array | None,
+    pos_col: Array | None,
+) -> tuple[Array, Array]:
+    """One tile of ``Gamma = alpha (P_r - I) + beta (P_c - I)`` on the negatives (000 P6).
+
+    ``rows`` / ``cols`` carry ``alpha p`` and ``beta p`` for the negatives of each row / column
+    (:func:`negative_probabilities`); excluded entries get 0 (the positives' ``p - 1`` are
+    applied by the caller); a direction given as ``None`` is skipped. ``cosines`` is the tile of
+    ``C = U_hat V_hat^T``, ``logits`` the same tile of ``S = s C`` exactly as the forward pass
+    formed it (so that the probabilities match its normalisers bit for bit), and ``pos_row`` /
+    ``pos_col`` are the positives' cosines.
+
+    Also returns this tile's share of ``sum_ij Gamma_ij C_ij`` (``s`` times it is the logit-scale
+    gradient of 000 P8), evaluated as ``sum Gamma_ij (C_ij - C_pos)`` over the negatives: each
+    row of
+    ``P_r - I`` (column of ``P_c - I``) sums to zero, so centring on the positive is exact, and
+    differences of cosines (not of rounded logits of size ``scale``) keep hard negatives exact.
+    """
+    tile = jnp.where(mask, logits, -jnp.inf)
+    gamma = centred = 0.0
+    if rows is not None:
+        p_row = rows.weight[:, None] * jnp.exp(tile - _safe(rows.shift)[:, None])
+        gamma, centred = p_row, p_row * (cosines - pos_row[:, None])
+    if cols is not None:
+        p_col = cols.weight[None, :] * jnp.exp(tile - _safe(cols.shift)[None, :])
+        gamma, centred = gamma + p_col, centred + p_col * (cosines - pos_col[None, :])
+    return gamma, jnp.sum(jnp.where(mask, centred, 0.0))
