@@ -4,13 +4,17 @@
     python benchmarks/loss_bench.py --sweep-block 256 512 1024 2048 --sizes 16384
 
 Every configuration runs in its own fresh subprocess, one after another (never two at once), so
-that each measures its own peak memory and none competes with another for the cores. A worker:
-imports JAX and the library, reads ``ru_maxrss`` (the post-import baseline), builds float32
-inputs, compiles ``value_and_grad`` of the loss (w.r.t. both embeddings and the temperature),
-times ``--runs`` forward+backward passes after one warm-up, reads ``ru_maxrss`` again (peak extra
-memory = the difference: inputs, outputs, XLA scratch and compilation included), then times an
-(N, d) @ (d, N) float32 matmul in the same process as the reference for the useful fraction
-(for N > 16384 an (N, d) @ (d, 16384) one, whose N x N output would not fit in memory).
+that each measures its own memory and none competes with another for the cores. A worker starts
+JAX, builds two float32 (rows, d) inputs, compiles ``value_and_grad`` of the loss (w.r.t. both
+embeddings and the temperature) ahead of time and runs it once (warm-up). It then resets the
+kernel's resident-memory high-water mark (``/proc/self/clear_refs``) and times ``--runs``
+forward+backward passes. Memory columns: *run peak* = high-water mark of the timed runs above
+the resident memory with inputs in place (outputs, XLA scratch and allocator slack: what the loss
+costs to run); *incl. inputs* = the same peak above the memory right after JAX's start-up
+(inputs, compilation and the warm-up run included); *XLA scratch* = the compiled program's
+``memory_analysis().temp_size_in_bytes``. Last the worker times an (N, d) @ (d, N) float32
+matmul in the same process, the reference for the useful fraction (for N > 16384 an
+(N, d) @ (d, 16384) one, whose output still fits in memory).
 
 Columns: median time of a forward+backward pass; peak extra memory; useful GFLOP/s =
 ``6 N^2 d / time`` (the three N x N x d matmuls of the dense analytic pass); and that figure as a
@@ -35,24 +39,25 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results
 IMPLS = ("autodiff", "analytic", "tiled")
 
 
-def worker(args: argparse.Namespace) -> dict:
-    import resource
+def _status_mb(key: str) -> float:
+    text = pathlib.Path("/proc/self/status").read_text()
+    return int(text.split(key + ":")[1].split()[0]) / 1024.0
 
+
+def worker(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from contrastive_jax.losses import clip_loss, nt_xent
 
-    def peak_mb() -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-    baseline = peak_mb()
+    jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.zeros(8)))  # JAX's one-time start-up
+    started = _status_mb("VmRSS")
     n, d = args.n, args.d
     rows = n if args.loss == "clip" else n // 2
     kx, ky = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(kx, (rows, d), jnp.float32)
-    y = x + jax.random.normal(ky, (rows, d), jnp.float32)
+    x = jax.block_until_ready(jax.random.normal(kx, (rows, d), jnp.float32))
+    y = jax.block_until_ready(jax.random.normal(ky, (rows, d), jnp.float32))
     kwargs = {"impl": args.impl}
     if args.impl == "tiled":
         kwargs["block_size"] = args.block
@@ -62,14 +67,21 @@ def worker(args: argparse.Namespace) -> dict:
     else:
         third = jnp.float32(0.1)
         fn = lambda a, b, t: nt_xent(a, b, t, **kwargs)  # noqa: E731
-    step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))
-    jax.block_until_ready(step(x, y, third))  # compile + warm-up
+    step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, third).compile()
+    analysis = step.memory_analysis()
+    scratch_mb = analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
+    jax.block_until_ready(step(x, y, third))  # warm-up
+    # Peak resident memory of the timed runs alone: reset the high-water mark (Linux >= 4.0)
+    # with the inputs in place and the program compiled.
+    pathlib.Path("/proc/self/clear_refs").write_text("5")
+    before = _status_mb("VmRSS")
     times = []
     for _ in range(args.runs):
         start = time.perf_counter()
         jax.block_until_ready(step(x, y, third))
         times.append(time.perf_counter() - start)
-    extra_mb = peak_mb() - baseline
+    run_mb = _status_mb("VmHWM") - before
+    total_mb = _status_mb("VmHWM") - started
     del step
     matmul = jax.jit(lambda a, b: a @ b.T)
     cols = min(n, 16384)  # an N x 65536 float32 product would not fit in memory
@@ -88,8 +100,8 @@ def worker(args: argparse.Namespace) -> dict:
     return {
         "loss": args.loss, "impl": args.impl, "n": n, "d": d,
         "block": args.block if args.impl == "tiled" else None,
-        "time_s": t, "extra_mb": extra_mb, "useful_gflops": useful,
-        "matmul_gflops": mm_gflops, "fraction": useful / mm_gflops,
+        "time_s": t, "run_mb": run_mb, "with_inputs_mb": total_mb, "scratch_mb": scratch_mb,
+        "useful_gflops": useful, "matmul_gflops": mm_gflops, "fraction": useful / mm_gflops,
     }
 
 
@@ -109,22 +121,24 @@ def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, time
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| loss | impl | N | block | fwd+bwd (s) | extra memory (MB) | useful GFLOP/s "
-             "| matmul GFLOP/s | fraction of matmul | time vs autodiff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| loss | impl | N | block | fwd+bwd (s) | time vs autodiff | run peak (MB) "
+             "| incl. inputs (MB) | XLA scratch (MB) | useful GFLOP/s | matmul GFLOP/s "
+             "| fraction of matmul |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {(r["loss"], r["n"]): r["time_s"] for r in rows
             if r.get("impl") == "autodiff" and "error" not in r}
     for r in rows:
         block = r.get("block") or "-"
         if "error" in r:
             lines.append(f"| {r['loss']} | {r['impl']} | {r['n']} | {block} | {r['error']} "
-                         "| | | | | |")
+                         "| | | | | | | |")
             continue
         ratio = r["time_s"] / base[(r["loss"], r["n"])] if (r["loss"], r["n"]) in base else None
         lines.append(
             f"| {r['loss']} | {r['impl']} | {r['n']} | {block} | {r['time_s']:.3f} "
-            f"| {r['extra_mb']:.0f} | {r['useful_gflops']:.1f} | {r['matmul_gflops']:.1f} "
-            f"| {r['fraction']:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+            f"| {'-' if ratio is None else f'{ratio:.2f}x'} | {r['run_mb']:.0f} "
+            f"| {r['with_inputs_mb']:.0f} | {r['scratch_mb']:.0f} | {r['useful_gflops']:.1f} "
+            f"| {r['matmul_gflops']:.1f} | {r['fraction']:.2f} |")
     return "\n".join(lines)
 
 
@@ -162,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 plan += [(loss, impl, n, args.block, args.runs) for impl in args.impls]
         if args.large and not args.sweep_block:
-            plan.append((loss, "tiled", 65536, args.block, 2))
+            plan.append((loss, "tiled", 65536, args.block, 1))
     rows = []
     for i, (loss, impl, n, block, runs) in enumerate(plan):
         start = time.time()
         row = run_worker(loss, impl, n, args.d, block, runs, args.timeout)
         rows.append(row)
-        summary = row.get("error") or (f"{row['time_s']:.3f} s, {row['extra_mb']:.0f} MB, "
+        summary = row.get("error") or (f"{row['time_s']:.3f} s, run peak {row['run_mb']:.0f} MB, "
                                        f"fraction {row['fraction']:.2f}")
         print(f"[{i + 1}/{len(plan)}] {loss:8s} {impl:9s} N={n:6d} block={block:5d}: {summary}"
               f"  ({time.time() - start:.0f} s wall)", flush=True)

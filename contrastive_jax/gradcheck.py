@@ -244,25 +244,21 @@ def _nt_xent_logits(key, dtype, n, d):
     return batch.nt_xent_logit_grad(s), jax.grad(loss)(s)
 
 
-def _clip_analytic(key, dtype, n, d):
-    kx, ky, kt = jax.random.split(key, 3)
-    x = jax.random.normal(kx, (n, d), dtype).at[0].set(0.0)  # a zero row: the eps branch
-    y = jax.random.normal(ky, (n, d), dtype)
-    ls = jax.random.uniform(kt, (), dtype, 0.0, 4.5)
-    grads = [jax.grad(clip_loss, argnums=(0, 1, 2))(x, y, ls, impl=impl)
-             for impl in ("analytic", "autodiff")]
-    flat = [jnp.concatenate([g[0].ravel(), g[1].ravel(), g[2][None]]) for g in grads]
-    return flat[0], flat[1]
+def _custom_backward(loss, impl, **kwargs):
+    """A loss's custom backward pass (impl) against autodiff of its dense form."""
 
+    def check(key, dtype, n, d):
+        kx, ky, kt = jax.random.split(key, 3)
+        x = jax.random.normal(kx, (n, d), dtype).at[0].set(0.0)  # a zero row: the eps branch
+        y = x + 0.5 * jax.random.normal(ky, (n, d), dtype)
+        t = (jax.random.uniform(kt, (), dtype, 0.0, 4.5) if loss is clip_loss
+             else jax.random.uniform(kt, (), dtype, 0.05, 1.0))
+        grads = [jax.grad(loss, argnums=(0, 1, 2))(x, y, t, impl=i, **kw)
+                 for i, kw in ((impl, kwargs), ("autodiff", {}))]
+        flat = [jnp.concatenate([g[0].ravel(), g[1].ravel(), g[2][None]]) for g in grads]
+        return flat[0], flat[1]
 
-def _nt_xent_analytic(key, dtype, n, d):
-    kx, ky = jax.random.split(key)
-    x = jax.random.normal(kx, (n, d), dtype)
-    y = x + 0.3 * jax.random.normal(ky, (n, d), dtype)
-    grads = [jax.grad(nt_xent, argnums=(0, 1, 2))(x, y, 0.2, impl=impl)
-             for impl in ("analytic", "autodiff")]
-    flat = [jnp.concatenate([g[0].ravel(), g[1].ravel(), g[2][None]]) for g in grads]
-    return flat[0], flat[1]
+    return check
 
 
 def _normalize_vjp(key, dtype, n, d):
@@ -297,8 +293,14 @@ CHECKS: tuple[Check, ...] = (
     Check("dot-product grad_u l = sum (p - y) v/tau", "000 P10.1", _p10_grad),
     Check("dot-product d l(alpha u)/d alpha = sum p z - z_pos", "000 P10.3", _p10_ray),
     Check("NT-Xent dL/dS = (P - Y)/(2N), self masked", "004 + 000 P1", _nt_xent_logits),
-    Check("clip_loss impl='analytic' backward (x, y, log_scale)", "000 P9 + P8", _clip_analytic),
-    Check("nt_xent impl='analytic' backward (z1, z2, tau)", "000 P9 + P8", _nt_xent_analytic),
+    Check("clip_loss impl='analytic' backward (x, y, log_scale)", "000 P9 + P8",
+          _custom_backward(clip_loss, "analytic")),
+    Check("nt_xent impl='analytic' backward (z1, z2, tau)", "000 P9 + P8",
+          _custom_backward(nt_xent, "analytic")),
+    Check("clip_loss impl='tiled' backward, block 2 (x, y, log_scale)", "000 P9 + P8",
+          _custom_backward(clip_loss, "tiled", block_size=2)),
+    Check("nt_xent impl='tiled' backward, block 4 (z1, z2, tau)", "000 P9 + P8",
+          _custom_backward(nt_xent, "tiled", block_size=4)),
     Check("l2_normalize_vjp (incl. a zero row)", "002 A.12.8", _normalize_vjp),
 )
 

@@ -33,11 +33,18 @@ def l2_normalize(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
     """
     dtype = jnp.result_type(x)
     xc = jnp.asarray(x, compute_dtype(x))
+    return (xc / jnp.expand_dims(clamped_norms(xc, axis, eps), axis)).astype(dtype)
+
+
+def clamped_norms(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
+    """``max(||x_i||, eps)`` per row: (N, d) -> (N,); ``l2_normalize(x) == x / norms[:, None]``.
+
+    Lets a tiled loss normalise one block of rows at a time, bit for bit as
+    :func:`l2_normalize` does, instead of materialising the normalised embeddings.
+    """
     # Squared norm first: sqrt is only ever applied to a value >= eps**2, so its derivative is
     # finite even for an all-zero row (where max() routes the gradient to the constant).
-    sq = jnp.sum(xc * xc, axis=axis, keepdims=True)
-    norm = jnp.sqrt(jnp.maximum(sq, eps * eps))
-    return (xc / norm).astype(dtype)
+    return jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=axis), eps * eps))
 
 
 def l2_normalize_vjp(x: Array, g: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.normalize import clamped_norms, l2_normalize_vjp
 from contrastive_jax.losses.temperature import clip_active, logit_scale
 from contrastive_jax.losses.tiles import (
     DIRECTION_WEIGHTS,
@@ -61,26 +62,46 @@ Array = jax.Array
 DEFAULT_BLOCK_SIZE = 1024
 
 
-def _tile(u: Array, v: Array, plan: TilePlan, r: Array, c: Array):
-    u_r = lax.dynamic_slice_in_dim(u, r * plan.block, plan.block)
-    v_c = lax.dynamic_slice_in_dim(v, c * plan.block, plan.block)
+class Rows(NamedTuple):
+    """Raw embeddings (n_pad, d) and their clamped norms (n_pad,): ``x_hat = x / norm``.
+
+    Each block of rows is normalised when its tile is formed (``b d`` divisions against the
+    tile's ``b^2 d`` multiply-adds), bit for bit as :func:`l2_normalize` would, so no (n, d)
+    copy of the normalised embeddings exists in either pass.
+    """
+
+    x: Array
+    norm: Array
+
+    def hat(self) -> Array:
+        return self.x / self.norm[:, None]
+
+
+def _rows(x: Array, plan: TilePlan) -> Rows:
+    pad = plan.n_pad - x.shape[0]
+    return Rows(pad_rows(x, plan), jnp.pad(clamped_norms(x), (0, pad), constant_values=1.0))
+
+
+def _tile(u: Rows, v: Rows, plan: TilePlan, r: Array, c: Array):
+    u_r = Rows(*(lax.dynamic_slice_in_dim(a, r * plan.block, plan.block) for a in u)).hat()
+    v_c = Rows(*(lax.dynamic_slice_in_dim(a, c * plan.block, plan.block) for a in v)).hat()
     cosines = jnp.matmul(u_r, v_c.T, precision=MATMUL_PRECISION)
     return u_r, v_c, cosines, negatives_mask(plan, r, c)
 
 
 def negative_normalisers(
-    u: Array, v: Array, to_logits: Callable[[Array], Array], plan: TilePlan
+    u: Rows, v: Rows, to_logits: Callable[[Array], Array], plan: TilePlan
 ) -> tuple[Normaliser, Normaliser]:
     """Per row and per column, the normaliser of ``exp(S_ij)`` over the negatives, without S.
 
-    (n_pad, d), (n_pad, d) -> two :class:`~contrastive_jax.losses.tiles.Normaliser` of (n_pad,)
+    Rows of (n_pad, d) -> two :class:`~contrastive_jax.losses.tiles.Normaliser` of (n_pad,)
     (empty for padded rows). For a symmetric plan the second holds what the rows of block ``c``
     see through the columns of the ``r < c`` tiles: :func:`merge` the two.
     """
     r_idx, c_idx = (jnp.asarray(a) for a in plan.pairs())
     b = plan.block
-    empty = Normaliser(jnp.full((plan.n_pad,), -jnp.inf, u.dtype),
-                       jnp.zeros((plan.n_pad,), u.dtype))
+    empty = Normaliser(jnp.full((plan.n_pad,), -jnp.inf, u.x.dtype),
+                       jnp.zeros((plan.n_pad,), u.x.dtype))
 
     def body(t, carry):
         rows, cols = carry
@@ -97,8 +118,8 @@ def negative_normalisers(
 
 
 def tiled_logit_grad_products(
-    u: Array,
-    v: Array,
+    u: Rows,
+    v: Rows,
     to_logits: Callable[[Array], Array],
     row_weights: RowWeights,
     col_weights: RowWeights,
@@ -106,7 +127,7 @@ def tiled_logit_grad_products(
     pos_col: Array,
     plan: TilePlan,
 ) -> tuple[Array, Array, Array]:
-    """``Gamma V``, ``Gamma^T U`` over the negatives, and ``sum Gamma * C`` in full.
+    """``Gamma V_hat``, ``Gamma^T U_hat`` over the negatives, and ``sum Gamma * C`` in full.
 
     Tile by tile with :func:`contrastive_jax.losses.tiles.tile_logit_grad`; ``pos_row`` /
     ``pos_col`` are the positives' cosines. For a symmetric plan the column term is dropped on
@@ -133,7 +154,7 @@ def tiled_logit_grad_products(
         g_v = lax.dynamic_update_slice_in_dim(g_v, cols(g_v) + d_v, c * b, 0)
         return g_u, g_v, total + part
 
-    init = (jnp.zeros_like(u), jnp.zeros_like(v), jnp.zeros((), u.dtype))
+    init = (jnp.zeros_like(u.x), jnp.zeros_like(v.x), jnp.zeros((), u.x.dtype))
     return lax.fori_loop(0, r_idx.shape[0], body, init)
 
 
@@ -152,13 +173,12 @@ def clip_loss_tiled(x, y, log_scale, max_scale, direction, block_size):
 
 def _clip_tiled_fwd(x, y, log_scale, max_scale, direction, block_size):
     n = x.shape[0]
-    x_hat, y_hat = l2_normalize(x), l2_normalize(y)
     scale = logit_scale(log_scale, max_scale)
-    positive_cos = jnp.sum(x_hat * y_hat, axis=1)
-    positive = scale * positive_cos
     plan = make_plan(n, block_size, symmetric=False, exclude="diagonal")
-    rows, cols = (_unpad(a, n) for a in negative_normalisers(
-        pad_rows(x_hat, plan), pad_rows(y_hat, plan), lambda c: scale * c, plan))
+    u, v = _rows(x, plan), _rows(y, plan)
+    positive_cos = jnp.sum((x / u.norm[:n, None]) * (y / v.norm[:n, None]), axis=1)
+    positive = scale * positive_cos
+    rows, cols = (_unpad(a, n) for a in negative_normalisers(u, v, lambda c: scale * c, plan))
     w_row, w_col = DIRECTION_WEIGHTS[direction]
     loss = (w_row * jnp.mean(jax.nn.softplus(negatives_minus_positive(rows, positive)))
             + w_col * jnp.mean(jax.nn.softplus(negatives_minus_positive(cols, positive))))
@@ -168,22 +188,22 @@ def _clip_tiled_fwd(x, y, log_scale, max_scale, direction, block_size):
 def _clip_tiled_bwd(max_scale, direction, block_size, residuals, g):
     x, y, log_scale, positive_cos, rows, cols = residuals
     n = x.shape[0]
-    x_hat, y_hat = l2_normalize(x), l2_normalize(y)
     scale = logit_scale(log_scale, max_scale)
     positive = scale * positive_cos
     plan = make_plan(n, block_size, symmetric=False, exclude="diagonal")
+    u, v = _rows(x, plan), _rows(y, plan)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
     alpha, beta = g * w_row / n, g * w_col / n
     pos = jnp.pad(positive_cos, (0, plan.n_pad - n))
     g_u, g_v, total = tiled_logit_grad_products(
-        pad_rows(x_hat, plan), pad_rows(y_hat, plan), lambda c: scale * c,
+        u, v, lambda c: scale * c,
         pad_weights(negative_probabilities(rows, positive, alpha), plan.n_pad),
         pad_weights(negative_probabilities(cols, positive, beta), plan.n_pad), pos, pos, plan)
     # The positives: Gamma_ii = -(alpha (1 - p^r_ii) + beta (1 - p^c_ii)), in O(n d).
     gamma_ii = -(alpha * jax.nn.sigmoid(negatives_minus_positive(rows, positive))
                  + beta * jax.nn.sigmoid(negatives_minus_positive(cols, positive)))
-    g_x_hat = scale * (g_u[:n] + gamma_ii[:, None] * y_hat)
-    g_y_hat = scale * (g_v[:n] + gamma_ii[:, None] * x_hat)
+    g_x_hat = scale * (g_u[:n] + gamma_ii[:, None] * (y / v.norm[:n, None]))
+    g_y_hat = scale * (g_v[:n] + gamma_ii[:, None] * (x / u.norm[:n, None]))
     g_log_scale = jnp.where(clip_active(log_scale, max_scale), 0.0, scale * total)
     g_log_scale = g_log_scale.astype(log_scale.dtype)
     return l2_normalize_vjp(x, g_x_hat), l2_normalize_vjp(y, g_y_hat), g_log_scale
@@ -195,6 +215,13 @@ clip_loss_tiled.defvjp(_clip_tiled_fwd, _clip_tiled_bwd)
 # ---------------------------------------------------------------------------------- NT-Xent
 
 
+def _partner_cosines(z_hat: Array) -> Array:
+    """``z_hat_i . z_hat_{(i + n/2) mod n}`` for the stacked normalised views: (n, d) -> (n,)."""
+    half = z_hat.shape[0] // 2
+    c = jnp.sum(z_hat[:half] * z_hat[half:], axis=1)
+    return jnp.concatenate([c, c])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def nt_xent_tiled(z, temperature, block_size):
     """Tiled ``nt_xent`` on the stacked views ``z = [z1; z2]`` (2N, d) in the compute dtype."""
@@ -203,10 +230,9 @@ def nt_xent_tiled(z, temperature, block_size):
 
 def _nt_xent_tiled_fwd(z, temperature, block_size):
     m = z.shape[0]
-    z_hat = l2_normalize(z)
-    positive_cos = jnp.sum(z_hat * jnp.roll(z_hat, m // 2, axis=0), axis=1)
     plan = make_plan(m, block_size, symmetric=True, exclude="nt_xent")
-    u = pad_rows(z_hat, plan)
+    u = _rows(z, plan)
+    positive_cos = _partner_cosines(z / u.norm[:m, None])
     negatives = _unpad(merge(*negative_normalisers(u, u, lambda c: c / temperature, plan)), m)
     positive = positive_cos / temperature
     loss = jnp.mean(jax.nn.softplus(negatives_minus_positive(negatives, positive)))
@@ -216,11 +242,11 @@ def _nt_xent_tiled_fwd(z, temperature, block_size):
 def _nt_xent_tiled_bwd(block_size, residuals, g):
     z, temperature, positive_cos, negatives = residuals
     m = z.shape[0]
-    z_hat = l2_normalize(z)
     positive = positive_cos / temperature
     plan = make_plan(m, block_size, symmetric=True, exclude="nt_xent")
     alpha = g / m
-    u = pad_rows(z_hat, plan)
+    u = _rows(z, plan)
+    z_hat = z / u.norm[:m, None]
     weights = pad_weights(negative_probabilities(negatives, positive, alpha), plan.n_pad)
     pos = jnp.pad(positive_cos, (0, plan.n_pad - m))
     g_u, g_v, total = tiled_logit_grad_products(u, u, lambda c: c / temperature, weights,
