@@ -6,12 +6,12 @@
 Every configuration runs in its own fresh subprocess, one after another (never two at once), so
 that each measures its own memory and none competes with another for the cores. A worker starts
 JAX, builds two float32 (rows, d) inputs, compiles ``value_and_grad`` of the loss (w.r.t. both
-embeddings and the temperature) ahead of time and runs it once (warm-up). It then resets the
-kernel's resident-memory high-water mark (``/proc/self/clear_refs``) and times ``--runs``
-forward+backward passes. Memory columns: *run peak* = high-water mark of the timed runs above
-the resident memory with inputs in place (outputs, XLA scratch and allocator slack: what the loss
-costs to run); *incl. inputs* = the same peak above the memory right after JAX's start-up
-(inputs, compilation and the warm-up run included); *XLA scratch* = the compiled program's
+embeddings and the temperature) ahead of time, resets the kernel's resident-memory high-water
+mark (``/proc/self/clear_refs``), runs it once (warm-up) and times ``--runs`` forward+backward
+passes. Memory columns: *run peak* = high-water mark of the runs above the resident memory with
+the inputs in place and the program compiled (outputs, XLA scratch and allocator slack: what the
+loss costs to run); *incl. inputs* = the same peak above the memory right after JAX's start-up
+(inputs and compilation included); *XLA scratch* = the compiled program's
 ``memory_analysis().temp_size_in_bytes``. Last the worker times an (N, d) @ (d, N) float32
 matmul in the same process, the reference for the useful fraction (for N > 16384 an
 (N, d) @ (d, 16384) one, whose output still fits in memory).
@@ -51,7 +51,9 @@ def worker(args: argparse.Namespace) -> dict:
 
     from contrastive_jax.losses import clip_loss, nt_xent
 
-    jax.block_until_ready(jax.jit(lambda a: a + 1)(jnp.zeros(8)))  # JAX's one-time start-up
+    # JAX's one-time start-up: the CPU client, its thread pools, a first compilation and the
+    # matmul library's per-thread buffers.
+    jax.block_until_ready(jax.jit(lambda a: jnp.exp(a @ a.T).sum())(jnp.ones((512, 512))))
     started = _status_mb("VmRSS")
     n, d = args.n, args.d
     rows = n if args.loss == "clip" else n // 2
@@ -70,11 +72,11 @@ def worker(args: argparse.Namespace) -> dict:
     step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, third).compile()
     analysis = step.memory_analysis()
     scratch_mb = analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
-    jax.block_until_ready(step(x, y, third))  # warm-up
-    # Peak resident memory of the timed runs alone: reset the high-water mark (Linux >= 4.0)
-    # with the inputs in place and the program compiled.
+    # Peak resident memory of running the loss: reset the high-water mark (Linux >= 4.0) with
+    # the inputs in place and the program compiled, before the first run allocates anything.
     pathlib.Path("/proc/self/clear_refs").write_text("5")
     before = _status_mb("VmRSS")
+    jax.block_until_ready(step(x, y, third))  # warm-up
     times = []
     for _ in range(args.runs):
         start = time.perf_counter()
