@@ -2,7 +2,7 @@
 
     python -m contrastive_jax.demo [--batch 256] [--dim 8] [--rho 0.5] [--quick]
 
-Prints each loss (both backward implementations where there are two), the InfoNCE bound on the
+Prints each loss (with each of its implementations where there are several), the InfoNCE bound on the
 mutual information of the synthetic pairs, and the table of every analytic gradient formula
 against ``jax.grad`` in float32 and float64 (written by ``experiments/gradcheck.py`` to
 ``experiments/results/gradcheck.md``). Nothing is downloaded.
@@ -34,7 +34,7 @@ def show_losses(n: int, d: int, rho: float) -> None:
     print(f"Synthetic pairs: N = {n}, d = {d}, rho = {rho} "
           f"(true I(X;Y) = {-(d / 2) * math.log(1 - rho**2):.3f} nats)\n")
     rows = []
-    for impl in ("autodiff", "analytic"):
+    for impl in ("tiled", "analytic", "autodiff"):
         grad_fn = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)),
                           static_argnames="impl")
         loss, (gx, _, gs) = grad_fn(x, y, log_scale, impl=impl)

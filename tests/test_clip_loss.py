@@ -28,7 +28,10 @@ def test_matches_001_reference_in_float32(n, d):
         log_scale = np.float32(np.log(scale))
         # The reference gets the float32 logit scale the loss actually uses (001's input).
         expected = ref.clip_loss(x, y, float(logit_scale(log_scale)))
-        np.testing.assert_allclose(clip_loss(x, y, log_scale), expected, rtol=1e-6)
+        for impl in ("tiled", "analytic", "autodiff"):
+            loss = clip_loss(x, y, log_scale, impl=impl, **({"block_size": 64} if impl == "tiled"
+                                                          else {}))
+            np.testing.assert_allclose(loss, expected, rtol=1e-6, err_msg=impl)
 
 
 def test_batch_of_one_is_rejected():

@@ -29,8 +29,9 @@ def test_matches_004_pseudocode_in_float32(n, d):
             # far below 1 (a confident positive) inherits that as a *relative* error.
             # Below float32's smallest normal number (1.2e-38) a loss cannot be represented.
             rtol = 1e-6 if expected > 1e-2 else max(1e-6, 2e-7 / tau)
-            np.testing.assert_allclose(nt_xent(z1, z2, tau), expected, rtol=rtol,
-                                       atol=np.finfo(np.float32).tiny)
+            for impl in ("tiled", "analytic", "autodiff"):
+                np.testing.assert_allclose(nt_xent(z1, z2, tau, impl=impl), expected, rtol=rtol,
+                                           atol=np.finfo(np.float32).tiny, err_msg=impl)
 
 
 @pytest.mark.parametrize("n", [2, 5, 64])

@@ -135,7 +135,7 @@ def test_no_n_by_n_intermediate(loss):
 def test_block_size_errors():
     x, y = _data(8, 4, jnp.float32)
     with pytest.raises(ValueError, match="only applies to impl='tiled'"):
-        clip_loss(x, y, 1.0, block_size=4)
+        clip_loss(x, y, 1.0, impl="autodiff", block_size=4)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         clip_loss(x, y, 1.0, impl="tiled", block_size=0)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):

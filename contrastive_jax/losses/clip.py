@@ -37,7 +37,7 @@ def clip_loss(
     *,
     max_scale: float = 100.0,
     direction: str = "both",
-    impl: str = "autodiff",
+    impl: str = "tiled",
     block_size: int | None = None,
 ) -> Array:
     """CLIP's symmetric InfoNCE on paired embeddings; row i of ``x`` matches row i of ``y``.
@@ -48,12 +48,15 @@ def clip_loss(
       max_scale: the cap on ``s`` (CLIP: 100).
       direction: ``"both"`` for ``0.5 (L_x->y + L_y->x)``, or ``"x_to_y"`` / ``"y_to_x"`` for one
         side.
-      impl: ``"autodiff"`` (reverse mode through the dense forward; composes with every JAX
-        transform), ``"analytic"`` (dense, a ``jax.custom_vjp`` whose backward pass is 000 P9:
-        ``Gamma`` from the saved logits, two matmuls and a row projection) or ``"tiled"`` (never
-        builds the N x N logits: online log-sum-exp over (block, block) tiles forward, tiles
-        recomputed backward; memory O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`).
-        ``"analytic"`` and ``"tiled"`` are reverse-mode only.
+      impl: ``"tiled"`` (default: never builds the N x N logits; online log-sum-exp over
+        (block, block) tiles forward, tiles recomputed backward; memory O(N d + block^2); see
+        :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (dense, a ``jax.custom_vjp`` whose
+        backward pass is 000 P9: ``Gamma`` from the saved logits, two matmuls and a row
+        projection) or ``"autodiff"`` (reverse mode through the dense forward). All three agree
+        to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
+        ``jax.vjp``); use ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The
+        default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
+        (``experiments/results/loss_bench.md``) and the only one whose memory is O(N d).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, measured;
         clamped to N, the last block padded and masked). An error for the other impls.
 

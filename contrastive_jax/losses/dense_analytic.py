@@ -117,17 +117,20 @@ def _nt_xent_bwd(residuals, g):
     positive = positive_cos / temperature
     z_hat = l2_normalize(z)
     alpha = g / m
-    # G = (P - Y)/(2N) on the negatives; S is symmetric, so grad_Z_hat = (G + G^T) Z_hat / tau.
-    gamma, total = tile_logit_grad(cosines, cosines / temperature, _whole_matrix_mask(m, "nt_xent"),
-                                   negative_probabilities(negatives, positive, alpha), None,
-                                   positive_cos, None)
+    # G = (P - Y)/(2N) on the negatives and grad_Z_hat = (G + G^T) Z_hat / tau. S is symmetric,
+    # so (G^T)_ij = w_j exp(S_ij - shift_j): the row and column terms of one elementwise pass
+    # give G + G^T without transposing an N x N array; the centred sum then counts G twice.
+    weights = negative_probabilities(negatives, positive, alpha)
+    sym_gamma, twice_total = tile_logit_grad(
+        cosines, cosines / temperature, _whole_matrix_mask(m, "nt_xent"), weights, weights,
+        positive_cos, positive_cos)
     # G_{i, pi(i)} = -(1 - p_{i, pi(i)}) / (2N)
     partner = -alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
     z_partner = jnp.roll(z_hat, m // 2, axis=0)
-    g_z_hat = (jnp.matmul(gamma + gamma.T, z_hat, precision=MATMUL_PRECISION)
+    g_z_hat = (jnp.matmul(sym_gamma, z_hat, precision=MATMUL_PRECISION)
                + partner[:, None] * z_partner
                + jnp.roll(partner[:, None] * z_hat, m // 2, axis=0)) / temperature
-    g_temperature = (-total / temperature**2).astype(temperature.dtype)
+    g_temperature = (-0.5 * twice_total / temperature**2).astype(temperature.dtype)
     return l2_normalize_vjp(z, g_z_hat), g_temperature
 
 

@@ -29,7 +29,7 @@ def nt_xent(
     z2: Array,
     temperature: Array | float,
     *,
-    impl: str = "autodiff",
+    impl: str = "tiled",
     block_size: int | None = None,
 ) -> Array:
     """Normalised-temperature cross-entropy over the 2N views ``[z1; z2]``.
@@ -38,7 +38,8 @@ def nt_xent(
       z1, z2: (N, d) embeddings of the two views, N >= 2; ``z1[i]`` and ``z2[i]`` are a positive
         pair. L2-normalised inside.
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
-      impl: ``"autodiff"``, ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
+      impl: ``"tiled"`` (default; see below), ``"autodiff"`` (the only one that composes with
+        forward-mode transforms), ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
         from 000 P9: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then the projection
         through the normalisation) or ``"tiled"`` (never builds the 2N x 2N matrix; visits only
         the tiles on and above the diagonal of the symmetric similarity; memory

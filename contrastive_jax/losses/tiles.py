@@ -178,8 +178,8 @@ def tile_logit_grad(
     if cols is not None:
         p_col = cols.weight[None, :] * jnp.exp(tile - _safe(cols.shift)[None, :])
         gamma, centred = gamma + p_col, centred + p_col * (cosines - pos_col[None, :])
-    # Row sums by a matrix-vector product, then their sum: XLA folds a reduce of a reduce into
-    # one sequential float32 reduction over b^2 terms, which loses ~1e-6 of this sum.
+    # Row sums by a matrix-vector product, then their sum: XLA's fused float32 reductions over
+    # the b^2 terms (even written as a reduce of row sums) lose ~1e-6 of this sum.
     centred = jnp.where(mask, centred, 0.0)
     ones = jnp.ones((centred.shape[1],), centred.dtype)
     return gamma, jnp.sum(jnp.matmul(centred, ones, precision=MATMUL_PRECISION))
