@@ -2,7 +2,7 @@
 
     python -m contrastive_jax.demo [--batch 256] [--dim 8] [--rho 0.5] [--quick]
 
-Prints each loss (with each of its implementations where there are several), the InfoNCE bound on the
+Prints each loss (with each of its implementations), the InfoNCE bound on the
 mutual information of the synthetic pairs, and the table of every analytic gradient formula
 against ``jax.grad`` in float32 and float64 (written by ``experiments/gradcheck.py`` to
 ``experiments/results/gradcheck.md``). Nothing is downloaded.

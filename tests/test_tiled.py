@@ -87,7 +87,7 @@ def test_bfloat16_inputs(loss):
     x, y = (a.astype(jnp.bfloat16) for a in _data(40, 16, jnp.float32))
     third = jnp.log(100.0) if loss is clip_loss else 0.05
     lt, gt = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third, impl="tiled", block_size=16)
-    ld, gd = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third)
+    ld, gd = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third, impl="autodiff")
     assert lt.dtype == jnp.float32 and gt[0].dtype == jnp.bfloat16
     assert _rel(lt, ld) <= 1e-5
     for a, b in zip(gd, gt, strict=True):  # both round their float32 gradient to bfloat16
@@ -123,7 +123,7 @@ def test_no_n_by_n_intermediate(loss):
     largest = _largest_intermediate(jax.make_jaxpr(grad_fn)(x, y, third).jaxpr)
     assert largest <= max(rows * d, block * block)  # O(N d + b^2) ...
     dense = _largest_intermediate(jax.make_jaxpr(
-        jax.grad(lambda *a: loss(*a), argnums=(0, 1, 2)))(x, y, third).jaxpr)
+        jax.grad(lambda *a: loss(*a, impl="autodiff"), argnums=(0, 1, 2)))(x, y, third).jaxpr)
     assert dense >= rows * rows  # ... where the dense loss holds N x N arrays
     # The compiled program agrees: its scratch memory is far below one N x N float32 array.
     stats = jax.jit(grad_fn).lower(x, y, third).compile().memory_analysis()

@@ -48,6 +48,7 @@ from contrastive_jax.losses.tiles import (
     negatives_minus_positive,
     pad_rows,
     pad_weights,
+    positives_mask,
     put,
     take,
     tile_logit_grad,
@@ -91,30 +92,41 @@ def _tile(u: Rows, v: Rows, plan: TilePlan, r: Array, c: Array):
 
 def negative_normalisers(
     u: Rows, v: Rows, to_logits: Callable[[Array], Array], plan: TilePlan
-) -> tuple[Normaliser, Normaliser]:
+) -> tuple[Normaliser, Normaliser, Array]:
     """Per row and per column, the normaliser of ``exp(S_ij)`` over the negatives, without S.
 
     Rows of (n_pad, d) -> two :class:`~contrastive_jax.losses.tiles.Normaliser` of (n_pad,)
-    (empty for padded rows). For a symmetric plan the second holds what the rows of block ``c``
-    see through the columns of the ``r < c`` tiles: :func:`merge` the two.
+    (empty for padded rows) and the positives' cosines (n_pad,), read off the same tiles so
+    that they carry exactly the rounding of the negatives' logits (a separate row-wise dot
+    product differs by ~1e-7, which a logit scale of 100 turns into ~1e-5 of a small loss).
+    For a symmetric plan the second normaliser holds what the rows of block ``c`` see through
+    the columns of the ``r < c`` tiles: :func:`merge` the two.
     """
     r_idx, c_idx = (jnp.asarray(a) for a in plan.pairs())
     b = plan.block
-    empty = Normaliser(jnp.full((plan.n_pad,), -jnp.inf, u.x.dtype),
-                       jnp.zeros((plan.n_pad,), u.x.dtype))
+    dtype = u.x.dtype
+    empty = Normaliser(jnp.full((plan.n_pad,), -jnp.inf, dtype), jnp.zeros((plan.n_pad,), dtype))
 
     def body(t, carry):
-        rows, cols = carry
+        rows, cols, positive = carry
         r, c = r_idx[t], c_idx[t]
         _, _, cosines, mask = _tile(u, v, plan, r, c)
+        pos = jnp.where(positives_mask(plan, r, c), cosines, 0.0)
+        positive = lax.dynamic_update_slice_in_dim(
+            positive, lax.dynamic_slice_in_dim(positive, r * b, b) + pos.sum(axis=1), r * b, 0)
         tile = jnp.where(mask, to_logits(cosines), -jnp.inf)
         rows = put(rows, merge(take(rows, r * b, b), tile_normaliser(tile, 1)), r * b)
         if plan.symmetric:  # a diagonal tile's columns are its rows: count them once
-            tile = jnp.where(r == c, -jnp.inf, tile)
+            off_diagonal = r != c
+            tile = jnp.where(off_diagonal, tile, -jnp.inf)
+            col_pos = jnp.where(off_diagonal, pos.sum(axis=0), 0.0)
+            positive = lax.dynamic_update_slice_in_dim(
+                positive, lax.dynamic_slice_in_dim(positive, c * b, b) + col_pos, c * b, 0)
         cols = put(cols, merge(take(cols, c * b, b), tile_normaliser(tile, 0)), c * b)
-        return rows, cols
+        return rows, cols, positive
 
-    return lax.fori_loop(0, r_idx.shape[0], body, (empty, empty))
+    init = (empty, empty, jnp.zeros((plan.n_pad,), dtype))
+    return lax.fori_loop(0, r_idx.shape[0], body, init)
 
 
 def tiled_logit_grad_products(
@@ -176,9 +188,9 @@ def _clip_tiled_fwd(x, y, log_scale, max_scale, direction, block_size):
     scale = logit_scale(log_scale, max_scale)
     plan = make_plan(n, block_size, symmetric=False, exclude="diagonal")
     u, v = _rows(x, plan), _rows(y, plan)
-    positive_cos = jnp.sum((x / u.norm[:n, None]) * (y / v.norm[:n, None]), axis=1)
+    rows, cols, positive_cos = negative_normalisers(u, v, lambda c: scale * c, plan)
+    rows, cols, positive_cos = _unpad(rows, n), _unpad(cols, n), positive_cos[:n]
     positive = scale * positive_cos
-    rows, cols = (_unpad(a, n) for a in negative_normalisers(u, v, lambda c: scale * c, plan))
     w_row, w_col = DIRECTION_WEIGHTS[direction]
     loss = (w_row * jnp.mean(jax.nn.softplus(negatives_minus_positive(rows, positive)))
             + w_col * jnp.mean(jax.nn.softplus(negatives_minus_positive(cols, positive))))
@@ -215,13 +227,6 @@ clip_loss_tiled.defvjp(_clip_tiled_fwd, _clip_tiled_bwd)
 # ---------------------------------------------------------------------------------- NT-Xent
 
 
-def _partner_cosines(z_hat: Array) -> Array:
-    """``z_hat_i . z_hat_{(i + n/2) mod n}`` for the stacked normalised views: (n, d) -> (n,)."""
-    half = z_hat.shape[0] // 2
-    c = jnp.sum(z_hat[:half] * z_hat[half:], axis=1)
-    return jnp.concatenate([c, c])
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def nt_xent_tiled(z, temperature, block_size):
     """Tiled ``nt_xent`` on the stacked views ``z = [z1; z2]`` (2N, d) in the compute dtype."""
@@ -232,8 +237,8 @@ def _nt_xent_tiled_fwd(z, temperature, block_size):
     m = z.shape[0]
     plan = make_plan(m, block_size, symmetric=True, exclude="nt_xent")
     u = _rows(z, plan)
-    positive_cos = _partner_cosines(z / u.norm[:m, None])
-    negatives = _unpad(merge(*negative_normalisers(u, u, lambda c: c / temperature, plan)), m)
+    rows, cols, positive_cos = negative_normalisers(u, u, lambda c: c / temperature, plan)
+    negatives, positive_cos = _unpad(merge(rows, cols), m), positive_cos[:m]
     positive = positive_cos / temperature
     loss = jnp.mean(jax.nn.softplus(negatives_minus_positive(negatives, positive)))
     return loss, (z, temperature, positive_cos, negatives)

@@ -56,10 +56,26 @@ def pad_rows(x: Array, plan: TilePlan) -> Array:
     return x if extra == 0 else jnp.pad(x, ((0, extra), (0, 0)))
 
 
-def negatives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
-    """(b, b) True where column j is a negative for row i (real, not self, not positive)."""
+def _indices(plan: TilePlan, r: Array, c: Array) -> tuple[Array, Array]:
     rows = r * plan.block + jnp.arange(plan.block)[:, None]
     cols = c * plan.block + jnp.arange(plan.block)[None, :]
+    return rows, cols
+
+
+def positives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
+    """(b, b) True where column j is the positive of row i (CLIP: j == i; NT-Xent: the partner).
+
+    The relation is symmetric (the partner map is an involution), so the same mask marks, for
+    column j, its positive row.
+    """
+    rows, cols = _indices(plan, r, c)
+    partner = rows if plan.exclude == "diagonal" else (rows + plan.n // 2) % plan.n
+    return (rows < plan.n) & (cols == partner)
+
+
+def negatives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
+    """(b, b) True where column j is a negative for row i (real, not self, not positive)."""
+    rows, cols = _indices(plan, r, c)
     mask = (rows < plan.n) & (cols < plan.n) & (rows != cols)
     if plan.exclude == "nt_xent":
         mask &= cols != (rows + plan.n // 2) % plan.n
