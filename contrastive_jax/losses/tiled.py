@@ -58,8 +58,10 @@ from contrastive_jax.similarity import MATMUL_PRECISION
 
 Array = jax.Array
 
-# Measured on 2 CPU cores, d = 512 (benchmarks/loss_bench.py --sweep-block): 512-1024 are
-# fastest at N = 16384; below 256 the loop overhead shows, above 2048 the tile memory grows.
+# Rows per tile. On 2 CPU cores at N = 16384, d = 512 (experiments/results/block_sweep.md),
+# blocks of 512, 1024 and 2048 ran within run-to-run noise of each other (6.2-7.2 s per
+# forward+backward); JAX_NOTES.md found 256-wide tiles clearly slower and full-height strips
+# slower at large N. 1024 keeps a tile at 4 MB of float32 and the loop at N^2 / 1024^2 steps.
 DEFAULT_BLOCK_SIZE = 1024
 
 
