@@ -121,16 +121,24 @@ def _nt_xent_bwd(residuals, g):
     # so (G^T)_ij = w_j exp(S_ij - shift_j): the row and column terms of one elementwise pass
     # give G + G^T without transposing an N x N array; the centred sum then counts G twice.
     weights = negative_probabilities(negatives, positive, alpha)
-    sym_gamma, twice_total = tile_logit_grad(
-        cosines, cosines / temperature, _whole_matrix_mask(m, "nt_xent"), weights, weights,
-        positive_cos, positive_cos)
+    sym_gamma, _ = tile_logit_grad(cosines, cosines / temperature,
+                                   _whole_matrix_mask(m, "nt_xent"), weights, weights,
+                                   positive_cos, positive_cos, with_total=False)
+    g_negatives = jnp.matmul(sym_gamma, z_hat, precision=MATMUL_PRECISION)
+    # sum_ij G_ij C_ij without another N x N pass: row i of (G + G^T) Z_hat dotted with z_hat_i
+    # gives sum_j (G + G^T)_ij C_ij (twice G's share, C being symmetric); the partners add
+    # sum_i G_{i, pi(i)} C_{i, pi(i)}. Row dots, then a dot product (not one long reduction).
+    row_dots = jnp.sum(z_hat * g_negatives, axis=1)
+    rest = alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))  # -G_{i,pi(i)}
+    per_row = 0.5 * row_dots - rest * positive_cos
+    total = jnp.dot(per_row, jnp.ones_like(per_row), precision=MATMUL_PRECISION)
     # G_{i, pi(i)} = -(1 - p_{i, pi(i)}) / (2N)
     partner = -alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
     z_partner = jnp.roll(z_hat, m // 2, axis=0)
-    g_z_hat = (jnp.matmul(sym_gamma, z_hat, precision=MATMUL_PRECISION)
+    g_z_hat = (g_negatives
                + partner[:, None] * z_partner
                + jnp.roll(partner[:, None] * z_hat, m // 2, axis=0)) / temperature
-    g_temperature = (-0.5 * twice_total / temperature**2).astype(temperature.dtype)
+    g_temperature = (-total / temperature**2).astype(temperature.dtype)
     return l2_normalize_vjp(z, g_z_hat), g_temperature
 
 

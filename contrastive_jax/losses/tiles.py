@@ -170,7 +170,8 @@ def tile_logit_grad(
     cols: RowWeights | None,
     pos_row: Array | None,
     pos_col: Array | None,
-) -> tuple[Array, Array]:
+    with_total: bool = True,
+) -> tuple[Array, Array | None]:
     """One tile of ``Gamma = alpha (P_r - I) + beta (P_c - I)`` on the negatives (000 P6).
 
     ``rows`` / ``cols`` carry ``alpha p`` and ``beta p`` for the negatives of each row / column
@@ -180,20 +181,26 @@ def tile_logit_grad(
     formed it (so that the probabilities match its normalisers bit for bit), and ``pos_row`` /
     ``pos_col`` are the positives' cosines.
 
-    Also returns this tile's share of ``sum_ij Gamma_ij C_ij`` (``s`` times it is the logit-scale
-    gradient of 000 P8), evaluated as ``sum Gamma_ij (C_ij - C_pos)`` over the negatives: each
-    row of
-    ``P_r - I`` (column of ``P_c - I``) sums to zero, so centring on the positive is exact, and
-    differences of cosines (not of rounded logits of size ``scale``) keep hard negatives exact.
+    Also returns (unless ``with_total=False``) this tile's share of ``sum_ij Gamma_ij C_ij``
+    (``s`` times it is the logit-scale gradient of 000 P8), evaluated as
+    ``sum Gamma_ij (C_ij - C_pos)`` over the negatives: each row of ``P_r - I`` (column of
+    ``P_c - I``) sums to zero, so centring on the positive is exact, and differences of cosines
+    (not of rounded logits of size ``scale``) keep hard negatives exact.
     """
     tile = jnp.where(mask, logits, -jnp.inf)
     gamma = centred = 0.0
     if rows is not None:
         p_row = rows.weight[:, None] * jnp.exp(tile - _safe(rows.shift)[:, None])
-        gamma, centred = p_row, p_row * (cosines - pos_row[:, None])
+        gamma = p_row
+        if with_total:
+            centred = p_row * (cosines - pos_row[:, None])
     if cols is not None:
         p_col = cols.weight[None, :] * jnp.exp(tile - _safe(cols.shift)[None, :])
-        gamma, centred = gamma + p_col, centred + p_col * (cosines - pos_col[None, :])
+        gamma = gamma + p_col
+        if with_total:
+            centred = centred + p_col * (cosines - pos_col[None, :])
+    if not with_total:
+        return gamma, None
     # Row sums by a matrix-vector product, then their sum: XLA's fused float32 reductions over
     # the b^2 terms (even written as a reduce of row sums) lose ~1e-6 of this sum.
     centred = jnp.where(mask, centred, 0.0)
