@@ -22,6 +22,7 @@ from contrastive_jax.losses.tiles import (
     negative_probabilities,
     negatives_mask,
     negatives_minus_positive,
+    partner_grads,
     tile_logit_grad,
     tile_normaliser,
 )
@@ -129,15 +130,11 @@ def _nt_xent_bwd(residuals, g):
     # gives sum_j (G + G^T)_ij C_ij (twice G's share, C being symmetric); the partners add
     # sum_i G_{i, pi(i)} C_{i, pi(i)}. Row dots, then a dot product (not one long reduction).
     row_dots = jnp.sum(z_hat * g_negatives, axis=1)
-    rest = alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))  # -G_{i,pi(i)}
-    per_row = 0.5 * row_dots - rest * positive_cos
-    total = jnp.dot(per_row, jnp.ones_like(per_row), precision=MATMUL_PRECISION)
     # G_{i, pi(i)} = -(1 - p_{i, pi(i)}) / (2N)
     partner = -alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
-    z_partner = jnp.roll(z_hat, m // 2, axis=0)
-    g_z_hat = (g_negatives
-               + partner[:, None] * z_partner
-               + jnp.roll(partner[:, None] * z_hat, m // 2, axis=0)) / temperature
+    per_row = 0.5 * row_dots + partner * positive_cos
+    total = jnp.dot(per_row, jnp.ones_like(per_row), precision=MATMUL_PRECISION)
+    g_z_hat = (g_negatives + partner_grads(partner, z_hat)) / temperature
     g_temperature = (-total / temperature**2).astype(temperature.dtype)
     return l2_normalize_vjp(z, g_z_hat), g_temperature
 

@@ -48,6 +48,7 @@ from contrastive_jax.losses.tiles import (
     negatives_minus_positive,
     pad_rows,
     pad_weights,
+    partner_grads,
     positives_mask,
     put,
     take,
@@ -258,11 +259,9 @@ def _nt_xent_tiled_bwd(block_size, residuals, g):
     pos = jnp.pad(positive_cos, (0, plan.n_pad - m))
     g_u, g_v, total = tiled_logit_grad_products(u, u, lambda c: c / temperature, weights,
                                                 weights, pos, pos, plan)
-    # Partners: G_{i, pi(i)} = -alpha (1 - p_{i, pi(i)}); (G + G^T) Z_hat with pi an involution.
-    gamma = -alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
-    weighted = gamma[:, None] * z_hat
-    g_z_hat = (g_u[:m] + g_v[:m] + gamma[:, None] * jnp.roll(z_hat, m // 2, axis=0)
-               + jnp.roll(weighted, m // 2, axis=0)) / temperature
+    # Partners: G_{i, pi(i)} = -alpha (1 - p_{i, pi(i)}).
+    partner = -alpha * jax.nn.sigmoid(negatives_minus_positive(negatives, positive))
+    g_z_hat = (g_u[:m] + g_v[:m] + partner_grads(partner, z_hat)) / temperature
     g_temperature = (-total / temperature**2).astype(temperature.dtype)
     return l2_normalize_vjp(z, g_z_hat), g_temperature
 

@@ -135,6 +135,17 @@ def put(stats: NamedTuple, part: NamedTuple, start: Array) -> NamedTuple:
                          for a, p in zip(stats, part, strict=True)))
 
 
+def partner_grads(partner_weight: Array, z_hat: Array) -> Array:
+    """Rows of ``(G + G^T) Z_hat`` from the NT-Xent partner entries ``G_{i, pi(i)}`` alone.
+
+    (n,), (n, d) -> (n, d), with ``pi(i) = (i + n/2) mod n``, an involution: row ``i`` gets
+    ``G_{i, pi(i)} z_hat_{pi(i)}`` from ``G`` and ``G_{pi(i), i} z_hat_{pi(i)}`` from ``G^T``.
+    """
+    half = z_hat.shape[0] // 2
+    return (partner_weight[:, None] * jnp.roll(z_hat, half, axis=0)
+            + jnp.roll(partner_weight[:, None] * z_hat, half, axis=0))
+
+
 def pad_weights(w: RowWeights, n_pad: int) -> RowWeights:
     extra = n_pad - w.shift.shape[0]
     return RowWeights(jnp.pad(w.shift, (0, extra), constant_values=-jnp.inf),
