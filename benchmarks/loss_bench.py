@@ -8,13 +8,16 @@ that each measures its own memory and none competes with another for the cores. 
 JAX, builds two float32 (rows, d) inputs, compiles ``value_and_grad`` of the loss (w.r.t. both
 embeddings and the temperature) ahead of time, resets the kernel's resident-memory high-water
 mark (``/proc/self/clear_refs``), runs it once (warm-up) and times ``--runs`` forward+backward
-passes. Memory columns: *run peak* = high-water mark of the runs above the resident memory with
-the inputs in place and the program compiled (outputs, XLA scratch and allocator slack: what the
-loss costs to run); *incl. inputs* = the same peak above the memory right after JAX's start-up
-(inputs and compilation included); *XLA scratch* = the compiled program's
-``memory_analysis().temp_size_in_bytes``. Last the worker times an (N, d) @ (d, N) float32
-matmul in the same process, the reference for the useful fraction (for N > 16384 an
-(N, d) @ (d, 16384) one, whose output still fits in memory).
+passes; a second fresh process, with glibc's mmap threshold fixed so that freed buffers leave
+the resident set (``MEMORY_ENV``), measures memory the same way. Memory columns: *run peak* =
+high-water mark of the runs above the resident memory with the inputs in place and the program
+compiled (outputs, XLA scratch and allocator slack: what the
+loss costs to run); *lifetime peak* = the process's lifetime high-water mark (``ru_maxrss``)
+above the memory right after JAX's start-up: inputs, compilation and the runs, where the
+compiler's freed heap is returned to the OS (glibc ``malloc_trim``) before the runs start;
+*XLA scratch* = the compiled program's ``memory_analysis().temp_size_in_bytes``. Last the
+worker times an (N, d) @ (d, N) float32 matmul in the same process, the reference for the
+useful fraction (for N > 16384 an (N, d) @ (d, 16384) one, whose output still fits in memory).
 
 Columns: median time of a forward+backward pass; peak extra memory; useful GFLOP/s =
 ``6 N^2 d / time`` (the three N x N x d matmuls of the dense analytic pass); and that figure as a
@@ -29,7 +32,9 @@ Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to `
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -42,6 +47,13 @@ IMPLS = ("autodiff", "analytic", "tiled")
 def _status_mb(key: str) -> float:
     text = pathlib.Path("/proc/self/status").read_text()
     return int(text.split(key + ":")[1].split()[0]) / 1024.0
+
+
+def _trim_heap() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back
+        pass
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -57,9 +69,11 @@ def worker(args: argparse.Namespace) -> dict:
     started = _status_mb("VmRSS")
     n, d = args.n, args.d
     rows = n if args.loss == "clip" else n // 2
-    kx, ky = jax.random.split(jax.random.key(0))
-    x = jax.block_until_ready(jax.random.normal(kx, (rows, d), jnp.float32))
-    y = jax.block_until_ready(jax.random.normal(ky, (rows, d), jnp.float32))
+    # Inputs from NumPy: exactly two (rows, d) float32 buffers, without the temporaries of
+    # jax.random's generator that would otherwise stay in the process's heap.
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.standard_normal((rows, d), dtype=np.float32))
+    y = jax.device_put(rng.standard_normal((rows, d), dtype=np.float32))
     kwargs = {"impl": args.impl}
     if args.impl == "tiled":
         kwargs["block_size"] = args.block
@@ -72,6 +86,11 @@ def worker(args: argparse.Namespace) -> dict:
     step = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, third).compile()
     analysis = step.memory_analysis()
     scratch_mb = analysis.temp_size_in_bytes / 2**20 if analysis is not None else float("nan")
+    # The compiler frees its working memory, but glibc keeps freed heap pages resident: hand
+    # them back (they are no part of running the loss). The compiler's own peak is already in
+    # the lifetime high-water mark read here.
+    _trim_heap()
+    compile_peak = _status_mb("VmHWM") - started
     # Peak resident memory of running the loss: reset the high-water mark (Linux >= 4.0) with
     # the inputs in place and the program compiled, before the first run allocates anything.
     pathlib.Path("/proc/self/clear_refs").write_text("5")
@@ -83,12 +102,14 @@ def worker(args: argparse.Namespace) -> dict:
         jax.block_until_ready(step(x, y, third))
         times.append(time.perf_counter() - start)
     run_mb = _status_mb("VmHWM") - before
-    total_mb = _status_mb("VmHWM") - started
+    total_mb = max(compile_peak, _status_mb("VmHWM") - started)
     del step
+    if args.measure == "memory":
+        return {"run_mb": run_mb, "with_inputs_mb": total_mb, "scratch_mb": scratch_mb}
     matmul = jax.jit(lambda a, b: a @ b.T)
     cols = min(n, 16384)  # an N x 65536 float32 product would not fit in memory
-    a = jax.random.normal(kx, (n, d), jnp.float32)
-    b = jax.random.normal(ky, (cols, d), jnp.float32)
+    a = jax.device_put(rng.standard_normal((n, d), dtype=np.float32))
+    b = jax.device_put(rng.standard_normal((cols, d), dtype=np.float32))
     jax.block_until_ready(matmul(a, b))
     mm_times = []
     for _ in range(3):
@@ -107,24 +128,47 @@ def worker(args: argparse.Namespace) -> dict:
     }
 
 
-def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, timeout: float):
-    cmd = [sys.executable, __file__, "--worker", "--loss", loss, "--impl", impl, "--n", str(n),
-           "--d", str(d), "--block", str(block), "--runs", str(runs)]
+# glibc raises its mmap threshold after large frees, so that later large buffers come from the
+# heap and stay resident after they are freed: the high-water mark then follows the allocator's
+# cache, not the live memory (+-100 MB from run to run here). A fixed threshold keeps every
+# large buffer mmapped and unmapped on free.
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def _run(cmd: list[str], env: dict, timeout: float, what: dict) -> dict:
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"loss": loss, "impl": impl, "n": n, "d": d, "block": block,
-                "error": f"timeout {timeout:.0f}s"}
+        return {**what, "error": f"timeout {timeout:.0f}s"}
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1][:120]
-        return {"loss": loss, "impl": impl, "n": n, "d": d, "block": block,
-                "error": f"exit {out.returncode}: {last}"}
+        return {**what, "error": f"exit {out.returncode}: {last}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, timeout: float):
+    """Times from one fresh process (default allocator), memory from another (fixed threshold).
+
+    The fixed threshold costs time (every large buffer is a fresh mapping, page-faulted in), so
+    the two are measured apart.
+    """
+    cmd = [sys.executable, __file__, "--worker", "--loss", loss, "--impl", impl, "--n", str(n),
+           "--d", str(d), "--block", str(block)]
+    what = {"loss": loss, "impl": impl, "n": n, "d": d, "block": block}
+    timing = _run([*cmd, "--runs", str(runs), "--measure", "time"], dict(os.environ), timeout,
+                  what)
+    if "error" in timing:
+        return timing
+    memory = _run([*cmd, "--runs", "1", "--measure", "memory"], {**os.environ, **MEMORY_ENV},
+                  timeout, what)
+    if "error" in memory:
+        return memory
+    return {**timing, **memory}
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| loss | impl | N | block | fwd+bwd (s) | time vs autodiff | run peak (MB) "
-             "| incl. inputs (MB) | XLA scratch (MB) | useful GFLOP/s | matmul GFLOP/s "
+             "| lifetime peak (MB) | XLA scratch (MB) | useful GFLOP/s | matmul GFLOP/s "
              "| fraction of matmul |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {(r["loss"], r["n"]): r["time_s"] for r in rows
@@ -153,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--block", type=int, default=None, help="tiled block size")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--measure", choices=("time", "memory"), default="time",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--losses", nargs="+", default=["clip", "nt_xent"])
     parser.add_argument("--impls", nargs="+", default=list(IMPLS))

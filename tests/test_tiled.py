@@ -140,3 +140,20 @@ def test_block_size_errors():
         clip_loss(x, y, 1.0, impl="tiled", block_size=0)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         nt_xent(x, y, 0.1, impl="tiled", block_size=2.5)
+
+
+@pytest.mark.parametrize("loss", [clip_loss, nt_xent])
+@pytest.mark.parametrize("n", [1024, 1000])  # 1000: the last block overlaps, nothing is padded
+def test_backward_scratch_has_no_embedding_sized_array(loss, n):
+    # Beyond its inputs and the gradients it returns, forward + backward holds only tiles,
+    # blocks and per-row statistics: O(b^2 + b d + N), far below one (N, d) array.
+    d, block = 1024, 64
+    rows = n if loss is clip_loss else 2 * n
+    spec = jax.ShapeDtypeStruct((n, d), jnp.float32)
+    grad_fn = jax.grad(lambda *a: loss(*a, impl="tiled", block_size=block), argnums=(0, 1, 2))
+    stats = jax.jit(grad_fn).lower(spec, spec, jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    stats = stats.memory_analysis()
+    assert stats is not None  # the CPU backend the tests run on reports it
+    floats = stats.temp_size_in_bytes / 4
+    assert floats <= 16 * block * block + 8 * block * d + 32 * rows
+    assert floats < n * d / 2

@@ -65,12 +65,13 @@ def nt_xent(
     check_choice("impl", impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(z1, z2)
-    z = jnp.concatenate([jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)], axis=0)
+    z1, z2 = jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)
     temperature = jnp.asarray(temperature).astype(dtype)
+    if impl == "tiled":
+        return nt_xent_tiled(z1, z2, temperature, block_size)
+    z = jnp.concatenate([z1, z2], axis=0)
     if impl == "analytic":
         return nt_xent_analytic(z, temperature)
-    if impl == "tiled":
-        return nt_xent_tiled(z, temperature, block_size)
     return _nt_xent_forward(z, temperature)
 
 

@@ -27,39 +27,64 @@ DIRECTION_WEIGHTS = {"both": (0.5, 0.5), "x_to_y": (1.0, 0.0), "y_to_x": (0.0, 1
 
 
 class TilePlan(NamedTuple):
-    """Static layout: ``n`` real rows padded to ``num_blocks * block`` rows."""
+    """Static layout: ``n`` rows in ``parts`` equal parts, each cut into blocks of ``block`` rows.
+
+    CLIP has one part; the tiled NT-Xent has two (the views ``z1``, ``z2``, kept as separate
+    arrays, never stacked into a (2N, d) copy). Rows are numbered ``0..n-1``, part after part.
+    Nothing is padded: when ``block`` does not divide a part, that part's last block is moved
+    back to end at the part's end and overlaps the block before it; every row is *owned* by
+    exactly one block (the first that covers it), and only owned rows and columns enter a
+    tile's masks, so each entry of the similarity matrix is counted once.
+    """
 
     n: int
     block: int
     num_blocks: int
     symmetric: bool  # visit only r <= c (the rows and the columns are the same vectors)
     exclude: str  # "diagonal" (CLIP: j == i) or "nt_xent" (j == i or j == (i + n/2) mod n)
+    parts: int = 1
 
     @property
-    def n_pad(self) -> int:
-        return self.block * self.num_blocks
+    def part_len(self) -> int:
+        return self.n // self.parts
 
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         r, c = np.divmod(np.arange(self.num_blocks**2), self.num_blocks)
         keep = r <= c if self.symmetric else np.ones_like(r, bool)
         return r[keep].astype(np.int32), c[keep].astype(np.int32)
 
+    def locate(self, r: Array) -> tuple[Array, Array]:
+        """Block ``r`` -> (its part, its first row within that part)."""
+        part, nominal = jnp.divmod(r, self.num_blocks // self.parts)
+        return part, jnp.minimum(nominal * self.block, self.part_len - self.block)
 
-def make_plan(n: int, block_size: int, *, symmetric: bool, exclude: str) -> TilePlan:
-    """Blocks of ``min(block_size, n)`` rows; the last one is padded and masked."""
-    block = min(block_size, n)
-    return TilePlan(n, block, math.ceil(n / block), symmetric, exclude)
+    def start(self, r: Array) -> Array:
+        """First row of block ``r`` in the numbering of all ``n`` rows."""
+        part, local = self.locate(r)
+        return part * self.part_len + local
+
+    def owned(self, r: Array) -> Array:
+        """(b,) True for the rows of block ``r`` that it owns (not covered by the block before)."""
+        nominal = r % (self.num_blocks // self.parts) * self.block
+        return self.locate(r)[1] + jnp.arange(self.block) >= nominal
 
 
-def pad_rows(x: Array, plan: TilePlan) -> Array:
-    extra = plan.n_pad - x.shape[0]
-    return x if extra == 0 else jnp.pad(x, ((0, extra), (0, 0)))
+def make_plan(n: int, block_size: int, *, symmetric: bool, exclude: str,
+              parts: int = 1) -> TilePlan:
+    """Blocks of ``min(block_size, n / parts)`` rows covering each part."""
+    part = n // parts
+    block = min(block_size, part)
+    return TilePlan(n, block, parts * math.ceil(part / block), symmetric, exclude, parts)
 
 
 def _indices(plan: TilePlan, r: Array, c: Array) -> tuple[Array, Array]:
-    rows = r * plan.block + jnp.arange(plan.block)[:, None]
-    cols = c * plan.block + jnp.arange(plan.block)[None, :]
+    rows = plan.start(r) + jnp.arange(plan.block)[:, None]
+    cols = plan.start(c) + jnp.arange(plan.block)[None, :]
     return rows, cols
+
+
+def _owned(plan: TilePlan, r: Array, c: Array) -> Array:
+    return plan.owned(r)[:, None] & plan.owned(c)[None, :]
 
 
 def positives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
@@ -70,13 +95,13 @@ def positives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
     """
     rows, cols = _indices(plan, r, c)
     partner = rows if plan.exclude == "diagonal" else (rows + plan.n // 2) % plan.n
-    return (rows < plan.n) & (cols == partner)
+    return _owned(plan, r, c) & (cols == partner)
 
 
 def negatives_mask(plan: TilePlan, r: Array, c: Array) -> Array:
-    """(b, b) True where column j is a negative for row i (real, not self, not positive)."""
+    """(b, b) True where column j is a negative for row i (owned, not self, not positive)."""
     rows, cols = _indices(plan, r, c)
-    mask = (rows < plan.n) & (cols < plan.n) & (rows != cols)
+    mask = _owned(plan, r, c) & (rows != cols)
     if plan.exclude == "nt_xent":
         mask &= cols != (rows + plan.n // 2) % plan.n
     return mask
@@ -144,12 +169,6 @@ def partner_grads(partner_weight: Array, z_hat: Array) -> Array:
     half = z_hat.shape[0] // 2
     return (partner_weight[:, None] * jnp.roll(z_hat, half, axis=0)
             + jnp.roll(partner_weight[:, None] * z_hat, half, axis=0))
-
-
-def pad_weights(w: RowWeights, n_pad: int) -> RowWeights:
-    extra = n_pad - w.shift.shape[0]
-    return RowWeights(jnp.pad(w.shift, (0, extra), constant_values=-jnp.inf),
-                      jnp.pad(w.weight, (0, extra)))
 
 
 class RowWeights(NamedTuple):
