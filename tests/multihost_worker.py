@@ -1,0 +1,68 @@
+"""One process of the 2-process loopback test in test_distributed.py (not a test itself).
+
+    python tests/multihost_worker.py PROCESS_ID PORT
+
+Joins a 2-process job on 127.0.0.1:PORT with 2 CPU devices each, builds the global batch from
+its half of the rows, runs every strategy of the sharded CLIP and NT-Xent losses, and prints
+the losses and full gradients (gathered from both processes) as one JSON line.
+"""
+
+import json
+import sys
+
+import jax
+
+from contrastive_jax.distributed import Launch, global_batch, initialize
+
+ROWS, DIM = 16, 6
+
+
+def data():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    return x, (x + 0.5 * rng.standard_normal((ROWS, DIM))).astype(np.float32)
+
+
+def main(process_id: int, port: str) -> None:
+    jax.config.update("jax_num_cpu_devices", 2)
+    initialize(Launch(mode="explicit", coordinator_address=f"127.0.0.1:{port}",
+                      num_processes=2, process_id=process_id,
+                      initialization_timeout_s=60, heartbeat_timeout_s=10))
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from contrastive_jax.sharding import (
+        STRATEGIES,
+        make_mesh,
+        sharded_clip_loss,
+        sharded_nt_xent,
+    )
+
+    assert jax.process_count() == 2 and jax.device_count() == 4
+    x, y = data()
+    half = ROWS // 2
+    mine = slice(process_id * half, (process_id + 1) * half)
+    mesh = make_mesh({"data": -1})
+    gx, gy = global_batch((x[mine], y[mine]), mesh)
+    out = {}
+    for strategy in STRATEGIES:
+        losses = {
+            "clip": lambda a, b, t, s=strategy: sharded_clip_loss(
+                a, b, t, mesh=mesh, strategy=s, block_size=3),
+            "nt_xent": lambda a, b, t, s=strategy: sharded_nt_xent(
+                a, b, t, mesh=mesh, strategy=s, block_size=3),
+        }
+        for name, fn in losses.items():
+            third = jnp.log(10.0) if name == "clip" else jnp.float32(0.2)
+            loss, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(gx, gy, third)
+            grads = multihost_utils.process_allgather(grads, tiled=True)
+            out[f"{name}/{strategy}"] = {"loss": float(loss),
+                                         "grads": [np.asarray(g).tolist() for g in grads]}
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])

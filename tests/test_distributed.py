@@ -1,0 +1,118 @@
+"""Launch settings, and 2 processes x 2 CPU devices on loopback agreeing with one process."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from contrastive_jax.distributed import Launch, global_batch, initialize, launch_settings
+from contrastive_jax.losses import clip_loss, nt_xent
+from contrastive_jax.sharding import make_mesh, sharded_clip_loss, sharded_nt_xent
+
+WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+import multihost_worker  # noqa: E402
+
+
+def test_single_process_unless_asked():
+    assert launch_settings({}, environ={}) == Launch()
+    assert initialize(Launch()) is False
+
+
+def test_settings_from_environment_and_config():
+    env = {"CONTRASTIVE_JAX_COORDINATOR": "10.0.0.1:1234",
+           "CONTRASTIVE_JAX_NUM_PROCESSES": "4", "CONTRASTIVE_JAX_PROCESS_ID": "3"}
+    launch = launch_settings(None, environ=env)
+    assert (launch.mode, launch.coordinator_address, launch.num_processes,
+            launch.process_id) == ("explicit", "10.0.0.1:1234", 4, 3)
+    assert launch_settings({}, environ={"CONTRASTIVE_JAX_DISTRIBUTED": "auto"}).mode == "auto"
+    from_config = launch_settings({"coordinator_address": "h:1", "num_processes": 2,
+                                   "process_id": 0}, environ={})
+    assert from_config.mode == "explicit"
+
+
+def test_bad_settings_say_what_to_change():
+    with pytest.raises(ValueError, match="NUM_PROCESSES"):
+        launch_settings(None, environ={"CONTRASTIVE_JAX_COORDINATOR": "h:1"})
+    with pytest.raises(ValueError, match=r"process_id 2 is not in 0\.\.1"):
+        launch_settings({"coordinator_address": "h:1", "num_processes": 2, "process_id": 2})
+    with pytest.raises(ValueError, match="unknown launch settings"):
+        launch_settings({"coordinator": "h:1"})
+    with pytest.raises(ValueError, match="needs coordinator_address"):
+        launch_settings({"mode": "explicit"})
+
+
+def test_global_batch_single_process():
+    mesh = make_mesh({"data": 4}, jax.devices()[:4])
+    x = np.arange(24.0).reshape(8, 3)
+    g = global_batch({"x": x}, mesh)["x"]
+    assert g.shape == (8, 3) and len(g.addressable_shards) == 4
+    np.testing.assert_array_equal(np.asarray(g), x)
+    with pytest.raises(ValueError, match="global batch 6 does not divide by the 4"):
+        global_batch(np.ones((6, 3)), mesh)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_two_processes(timeout: float = 240.0) -> list[dict]:
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"process exited {p.returncode}:\n{err[-3000:]}"
+            outputs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:  # bounded: whatever happened, no process outlives the test
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outputs
+
+
+def test_two_processes_match_one_process():
+    results = _run_two_processes()
+    x, y = (jnp.asarray(a) for a in multihost_worker.data())
+    mesh4 = make_mesh({"data": 4}, jax.devices()[:4])
+    refs = {
+        "clip": (lambda a, b, t: clip_loss(a, b, t, impl="autodiff"), jnp.log(10.0)),
+        "nt_xent": (lambda a, b, t: nt_xent(a, b, t, impl="autodiff"), jnp.float32(0.2)),
+    }
+    no_grad = {
+        "clip": lambda a, b, t: sharded_clip_loss(a, b, t, mesh=mesh4,
+                                                  strategy="all_gather_no_grad"),
+        "nt_xent": lambda a, b, t: sharded_nt_xent(a, b, t, mesh=mesh4,
+                                                   strategy="all_gather_no_grad"),
+    }
+    for name, (fn, third) in refs.items():
+        want_loss, want_grads = jax.value_and_grad(fn, argnums=(0, 1, 2))(x, y, third)
+        nog_loss, nog_grads = jax.value_and_grad(no_grad[name], argnums=(0, 1, 2))(x, y, third)
+        for strategy in ("all_gather", "ring", "all_gather_no_grad"):
+            expected = (nog_loss, nog_grads) if strategy == "all_gather_no_grad" else (
+                want_loss, want_grads)
+            for proc in results:  # both processes hold the same, single-process answer
+                got = proc[f"{name}/{strategy}"]
+                assert _rel(got["loss"], expected[0]) <= 1e-5
+                for g, w in zip(got["grads"], expected[1], strict=True):
+                    assert _rel(g, w) <= 1e-5, (name, strategy, _rel(g, w))
