@@ -66,13 +66,15 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
         jax.block_until_ready(compiled(x, y, third))
         times.append(time.perf_counter() - start)
     n = rows // devices
-    chunk = (n if loss == "clip" else 2 * n) * d * 4
+    chunk_rows = n if loss == "clip" else 2 * n
+    chunk = chunk_rows * d * 4
+    b = min(block, chunk_rows)
     return {
         "loss": loss, "strategy": strategy, "N": n_total, "time_s": float(np.median(times)),
         "scratch_mb": mem.temp_size_in_bytes / 2**20,
         "device_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                       + mem.output_size_in_bytes) / 2**20,
-        "bound_mb": 2 * (n * d * 4 + chunk + 4 * block * block * 4) / 2**20,
+        "bound_mb": 2 * (n * d * 4 + chunk + 4 * b * b * 4) / 2**20,
         "formula_mb": expected_bytes(loss, strategy, rows, devices, d) / 2**20,
         "hlo_mb": collective_bytes(hlo, devices) / 2**20,
     }

@@ -6,7 +6,9 @@ whether gradients pass through the gather are part of the objective (002 A.12.2)
 choice is a named ``strategy``:
 
 ``"all_gather"`` (exact)
-    The candidates are gathered (``lax.all_gather``; per device ``(D - 1) n d`` floats in) and
+    The candidates are gathered (``lax.all_gather``; per device ``(D - 1) n d`` floats in; raw
+    rows, as normalisation is row-wise: each device normalises what it receives, and the exact
+    normalisation Jacobian of 002 A.12.8 is applied at home) and
     each device computes the *local loss*: its own anchors against all ``N`` candidates, for
     CLIP in both directions (its ``x`` rows against all ``y``, its ``y`` rows against all
     ``x``), tiled in (b, b) blocks as in :mod:`contrastive_jax.losses.tiled`. A ``psum`` of the
