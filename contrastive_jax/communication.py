@@ -1,8 +1,10 @@
 """Bytes a device receives per step under each sharding strategy: the formula and the HLO.
 
-Per device, with ``n = N / D`` rows of ``d`` float32 values (a chunk is ``n`` rows for one
-CLIP direction, ``2n`` rows, both views, for NT-Xent), per direction of CLIP (it has two) or
-for NT-Xent (one):
+Per device, with ``n = N / D`` rows of ``d`` float32 values (a chunk is ``n`` rows for
+CLIP, ``2n`` rows, both views, for NT-Xent). The exact CLIP strategies send only ``y`` chunks
+(one pass gives both directions; see ``_clip_one_pass`` in :mod:`contrastive_jax.sharding`):
+``all_gather`` ``2 (D - 1)`` chunks, ``ring`` ``3D - 2`` chunks, plus O(n) statistics per hop.
+Otherwise (NT-Xent; CLIP without gradient through the gather, per direction):
 
 - ``all_gather``: the gather, ``(D - 1)`` chunks in, and the reduce-scatter of the gathered
   gradient, ``(D - 1)`` chunks: ``2 (D - 1)`` chunks.
@@ -24,14 +26,23 @@ import re
 
 def expected_bytes(loss: str, strategy: str, n_total: int, devices: int, d: int) -> float:
     """Bytes received per device per step; ``n_total`` rows of each input (CLIP ``x``, or one
-    NT-Xent view), float32."""
+    NT-Xent view), float32, CLIP with both directions. All-reduces (of O(N) statistics and of
+    scalars) are not counted, here or in :func:`collective_bytes`."""
     n = n_total // devices
+    hops = devices - 1
+    if loss == "clip" and strategy != "all_gather_no_grad":  # one pass for both directions
+        if strategy == "all_gather":  # y rows in, their gradient home, the positives' cosines
+            floats = hops * n * d + hops * n * d + hops * n
+        else:  # ring: chunk + column statistics (2 per column) round and home; backward: chunk,
+            # gradient, column weights (2) and positive cosine round, the gradient home
+            floats = hops * (n * d + 2 * n) + 2 * n + hops * (2 * n * d + 3 * n) + n * d
+        return 4 * floats
     rows = n if loss == "clip" else 2 * n
     directions = 2 if loss == "clip" else 1
     chunk = rows * d * 4
-    per_direction = {"all_gather": 2 * (devices - 1) * chunk,
-                     "all_gather_no_grad": (devices - 1) * chunk,
-                     "ring": (3 * devices - 2) * chunk}[strategy]
+    per_direction = {"all_gather": 2 * hops * chunk,
+                     "all_gather_no_grad": hops * chunk,
+                     "ring": (2 * hops + hops + 1) * chunk}[strategy]
     return directions * per_direction
 
 

@@ -8,14 +8,17 @@ choice is a named ``strategy``:
 ``"all_gather"`` (exact)
     The candidates are gathered (``lax.all_gather``; per device ``(D - 1) n d`` floats in; raw
     rows, as normalisation is row-wise: each device normalises what it receives, and the exact
-    normalisation Jacobian of 002 A.12.8 is applied at home) and
-    each device computes the *local loss*: its own anchors against all ``N`` candidates, for
-    CLIP in both directions (its ``x`` rows against all ``y``, its ``y`` rows against all
-    ``x``), tiled in (b, b) blocks as in :mod:`contrastive_jax.losses.tiled`. A ``psum`` of the
-    local sums is exactly the single-device loss on the concatenated batch. The backward pass
-    sends the gradient of the gathered candidates home with ``lax.psum_scatter`` (the transpose
-    of the gather), so every device gets exactly the gradient of the global loss w.r.t. its
-    rows: no world-size factor to patch.
+    normalisation Jacobian of 002 A.12.8 is applied at home) and each device computes the
+    *local loss*: its own anchors against all ``N`` candidates, tiled in (b, b) blocks as in
+    :mod:`contrastive_jax.losses.tiled`. For CLIP one pass gives both directions: the tiles
+    ``s x_l y_k^T`` of this device's ``x`` rows against every ``y`` chunk yield its rows'
+    statistics and its share of every ``y`` column's, and a log-sum-exp all-reduce of those
+    O(N) column shares completes each column (so only ``y`` is gathered, and each logit is
+    computed once on one device, as on a single device). A ``psum`` of the local sums is exactly
+    the single-device loss on the concatenated batch. The backward pass sends the gradient of
+    the gathered candidates home with ``lax.psum_scatter`` (the transpose of the gather), so
+    every device gets exactly the gradient of the global loss w.r.t. its rows: no world-size
+    factor to patch.
 ``"all_gather_no_grad"`` (a different objective)
     The same loss value, but the gathered remote candidates are constants, as in the PyTorch
     codebases that gather without autograd. Device ``k`` differentiates only its own terms
@@ -23,11 +26,13 @@ choice is a named ``strategy``:
     rows is a *candidate of a remote anchor* (a negative of the other devices' anchors, and for
     CLIP the positive of no one: positives are always local). Its gradient is therefore
     ``grad_k = d L_k / d rows_k`` instead of ``sum_m d L_m / d rows_k``; the anchor part is
-    identical, the candidate part keeps only the ``1/D`` share coming from local anchors.
-    ``tests/test_sharding.py`` checks this decomposition term by term.
+    identical, the candidate part keeps only the terms of the device's own anchors. For CLIP
+    ``L_k`` is its ``x`` rows against all ``y`` plus its ``y`` rows against all ``x`` (two
+    passes). ``tests/test_sharding.py`` checks this decomposition term by term.
 ``"ring"`` (exact)
     No gather: the candidate chunks travel round the devices with ``lax.ppermute``, one chunk
-    per hop, while the anchors' online log-sum-exp accumulates; the backward pass sends each
+    per hop, while the anchors' online log-sum-exp accumulates (for CLIP the chunk's column
+    statistics ride along and one last hop brings them home); the backward pass sends each
     chunk round again with its gradient accumulator riding along, and one last hop brings the
     accumulator home. Per-device memory O(n d) plus the chunk in flight, never O(N d).
 
@@ -66,6 +71,8 @@ from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE
 from contrastive_jax.losses.tiles import (
     DIRECTION_WEIGHTS,
+    Normaliser,
+    RowWeights,
     negative_probabilities,
     negatives_minus_positive,
 )
@@ -170,14 +177,14 @@ def _forward_pass(anchors, candidates, scale, setup):
     axis_name, size = setup.axis_name, setup.size
     plan = make_chunk_plan(anchors.shape[0], setup.block, setup.kind)
     a = Embeddings.of(anchors)
-    stats = chunk_normalisers(a, Embeddings.of(candidates), scale, True, plan,
-                              empty_stats(plan.n, anchors.dtype))
+    stats, _ = chunk_normalisers(a, Embeddings.of(candidates), scale, True, plan,
+                                 empty_stats(plan.n, anchors.dtype))
     gathered = None
     if setup.strategy == "ring":
         def hop(_, carry):
             stats, chunk = carry
             chunk = _ring_step(chunk, axis_name, size)
-            return chunk_normalisers(a, Embeddings.of(chunk), scale, False, plan, stats), chunk
+            return chunk_normalisers(a, Embeddings.of(chunk), scale, False, plan, stats)[0], chunk
 
         stats, _ = lax.fori_loop(1, size, hop, varying_like((stats, candidates), anchors))
     else:
@@ -186,7 +193,7 @@ def _forward_pass(anchors, candidates, scale, setup):
 
         def chunk(k, stats):  # the own chunk is done: skip it
             c = Embeddings.of(lax.dynamic_index_in_dim(gathered, k, keepdims=False))
-            return chunk_normalisers(a, c, scale, False, plan, stats)
+            return chunk_normalisers(a, c, scale, False, plan, stats)[0]
 
         stats = lax.fori_loop(0, size - 1, lambda j, s: chunk((me + 1 + j) % size, s),
                               varying_like(stats, anchors))
@@ -272,6 +279,136 @@ def _backward_pass(anchors, candidates, scale, residual, g, setup):
 _streamed_loss.defvjp(_streamed_fwd, _streamed_bwd)
 
 
+# ------------------------------------------------- CLIP, both directions in one pass
+
+
+def _merge_over_devices(cols: Normaliser, axis_name: str) -> Normaliser:
+    """The normaliser of the union over devices of per-device partial normalisers."""
+    shift = lax.pmax(cols.shift, axis_name)
+    safe = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    part = jnp.where(cols.total > 0, cols.total * jnp.exp(cols.shift - safe), 0.0)
+    return Normaliser(shift, lax.psum(part, axis_name))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _clip_one_pass(x, y, scale, setup):
+    """Exact CLIP, both directions, from one tile per (local x block, y chunk block).
+
+    Each device's tiles ``s x_l y_k^T`` give its rows' statistics (direction x -> y) and its
+    share of chunk ``k``'s column statistics (direction y -> x); the column shares are merged
+    across devices (ring: they travel with the chunk and one last hop brings them home;
+    gather: a log-sum-exp all-reduce of O(N) numbers). Half the matmuls and half the traffic
+    of running the two directions as separate passes.
+    """
+    return _clip_one_pass_fwd(x, y, scale, setup)[0]
+
+
+def _clip_one_pass_fwd(x, y, scale, setup):
+    axis_name, size = setup.axis_name, setup.size
+    (w_row, w_col) = (setup.passes[0][2], setup.passes[1][2])
+    plan = make_chunk_plan(x.shape[0], setup.block, "clip")
+    a = Embeddings.of(x)
+    empty_cols = empty_stats(plan.n, x.dtype)[0]
+    stats, own_cols = chunk_normalisers(a, Embeddings.of(y), scale, True, plan,
+                                        empty_stats(plan.n, x.dtype), empty_cols)
+    gathered = None
+    if setup.strategy == "ring":
+        def hop(_, carry):
+            stats, chunk, cols = carry
+            chunk, cols = _ring_step((chunk, cols), axis_name, size)
+            stats, cols = chunk_normalisers(a, Embeddings.of(chunk), scale, False, plan, stats,
+                                            cols)
+            return stats, chunk, cols
+
+        stats, _, cols = lax.fori_loop(1, size, hop,
+                                       varying_like((stats, y, own_cols), x))
+        columns = _ring_step(cols, axis_name, size)  # the own chunk's, complete, home
+        all_columns = None
+    else:
+        gathered = lax.all_gather(y, axis_name)  # (D, n, d)
+        me = lax.axis_index(axis_name)
+        parts = Normaliser(*(jnp.zeros((size, plan.n), x.dtype) + e[None] for e in empty_cols))
+        parts = Normaliser(*(lax.dynamic_update_index_in_dim(p, o, me, 0)
+                             for p, o in zip(parts, own_cols, strict=True)))
+
+        def chunk(j, carry):
+            stats, parts = carry
+            k = (me + 1 + j) % size
+            c = Embeddings.of(lax.dynamic_index_in_dim(gathered, k, keepdims=False))
+            cols = Normaliser(*(lax.dynamic_index_in_dim(p, k, keepdims=False) for p in parts))
+            stats, cols = chunk_normalisers(a, c, scale, False, plan, stats, cols)
+            parts = Normaliser(*(lax.dynamic_update_index_in_dim(p, q, k, 0)
+                                 for p, q in zip(parts, cols, strict=True)))
+            return stats, parts
+
+        stats, parts = lax.fori_loop(0, size - 1, chunk, varying_like((stats, parts), x))
+        all_columns = _merge_over_devices(parts, axis_name)  # (D, n): every column, complete
+        columns = Normaliser(*(lax.dynamic_index_in_dim(p, me, keepdims=False)
+                               for p in all_columns))
+    rows, positive_cos = stats
+    positive = scale * positive_cos
+    loss = (w_row * jnp.sum(jax.nn.softplus(negatives_minus_positive(rows, positive)))
+            + w_col * jnp.sum(jax.nn.softplus(negatives_minus_positive(columns, positive))))
+    residuals = (x, y, scale, rows, columns, positive_cos, gathered, all_columns)
+    return lax.psum(loss, axis_name), residuals
+
+
+def _clip_one_pass_bwd(setup, residuals, g):
+    x, y, scale, rows, columns, positive_cos, gathered, all_columns = residuals
+    axis_name, size = setup.axis_name, setup.size
+    (w_row, w_col) = (setup.passes[0][2], setup.passes[1][2])
+    plan = make_chunk_plan(x.shape[0], setup.block, "clip")
+    a, own = Embeddings.of(x), Embeddings.of(y)
+    positive = scale * positive_cos
+    row_w = negative_probabilities(rows, positive, g * w_row)
+    col_w = negative_probabilities(columns, positive, g * w_col)  # this device's columns
+    # The positives: Gamma_ii = -(alpha (1 - p^r_ii) + beta (1 - p^c_ii)), in O(n d).
+    gamma_pos = -(g * w_row * jax.nn.sigmoid(negatives_minus_positive(rows, positive))
+                  + g * w_col * jax.nn.sigmoid(negatives_minus_positive(columns, positive)))
+    g_a = gamma_pos[:, None] * own.hat()
+    g_own = gamma_pos[:, None] * a.hat()
+    zero = jnp.zeros((), x.dtype)
+    g_a, g_own, total = chunk_grads(a, own, scale, True, row_w, positive_cos, plan,
+                                    (g_a, g_own, zero), col_w, positive_cos)
+    if setup.strategy == "ring":
+        def hop(_, carry):
+            chunk, g_chunk, cw, cpos, g_a, total = carry
+            chunk, g_chunk, cw, cpos = _ring_step((chunk, g_chunk, cw, cpos), axis_name, size)
+            g_a, g_chunk, total = chunk_grads(a, Embeddings.of(chunk), scale, False, row_w,
+                                              positive_cos, plan, (g_a, g_chunk, total), cw,
+                                              cpos)
+            return chunk, g_chunk, cw, cpos, g_a, total
+
+        init = (y, g_own, col_w, positive_cos, g_a, total)
+        _, g_chunk, _, _, g_a, total = lax.fori_loop(1, size, hop, varying_like(init, x))
+        g_c = _ring_step(g_chunk, axis_name, size)
+    else:
+        me = lax.axis_index(axis_name)
+        all_pos = lax.all_gather(positive_cos, axis_name)  # (D, n): every column's positive
+        all_w = negative_probabilities(all_columns, scale * all_pos, g * w_col)
+
+        def chunk(j, carry):
+            g_a, g_remote, total = carry
+            k = (me + 1 + j) % size
+            c = Embeddings.of(lax.dynamic_index_in_dim(gathered, k, keepdims=False))
+            cw = RowWeights(*(lax.dynamic_index_in_dim(p, k, keepdims=False) for p in all_w))
+            zeros = varying_like(jnp.zeros_like(y), x)
+            g_a, g_k, total = chunk_grads(a, c, scale, False, row_w, positive_cos, plan,
+                                          (g_a, zeros, total), cw,
+                                          lax.dynamic_index_in_dim(all_pos, k, keepdims=False))
+            return g_a, lax.dynamic_update_index_in_dim(g_remote, g_k, k, 0), total
+
+        g_remote = jnp.zeros_like(gathered)
+        g_a, g_remote, total = lax.fori_loop(0, size - 1, chunk,
+                                             varying_like((g_a, g_remote, total), x))
+        g_c = g_own + lax.psum_scatter(g_remote, axis_name, scatter_dimension=0)
+    g_scale = lax.psum(total, axis_name).astype(scale.dtype)
+    return (l2_normalize_vjp(x, scale * g_a), l2_normalize_vjp(y, scale * g_c), g_scale)
+
+
+_clip_one_pass.defvjp(_clip_one_pass_fwd, _clip_one_pass_bwd)
+
+
 # ------------------------------------------------------------------- per-shard losses
 
 
@@ -303,6 +440,8 @@ def clip_loss_shard(
     w_row, w_col = DIRECTION_WEIGHTS[direction]
     passes = tuple(pass_ for pass_, w in (((0, 1, w_row), w_row), ((1, 0, w_col), w_col)) if w)
     setup = _Setup(axis_name, axis_size, "clip", strategy, block_size, passes)
+    if len(passes) == 2 and strategy != "all_gather_no_grad":
+        return _clip_one_pass(x, y, scale, setup) / total
     return _streamed_loss((x, y), scale, setup) / total
 
 

@@ -138,12 +138,16 @@ def test_float64_sharded_equals_dense_to_round_off():
         x = jax.random.normal(jax.random.key(5), (N, D), jnp.float64)
         y = jax.random.normal(jax.random.key(6), (N, D), jnp.float64)
         mesh = _mesh(8)
-        for strategy in EXACT:
-            got = jax.value_and_grad(lambda a, b, s=strategy: sharded_nt_xent(
-                a, b, 0.1, mesh=mesh, strategy=s, block_size=2), argnums=(0, 1))(x, y)
-            want = jax.value_and_grad(lambda a, b: nt_xent(a, b, 0.1, impl="autodiff"),
-                                      argnums=(0, 1))(x, y)
-            _assert_close(got, want, tol=1e-12)
+        cases = [  # (sharded, dense, third)
+            (sharded_nt_xent, lambda a, b: nt_xent(a, b, 0.1, impl="autodiff"), 0.1),
+            (sharded_clip_loss, lambda a, b: clip_loss(a, b, 3.0, impl="autodiff"), 3.0),
+        ]
+        for sharded, dense, third in cases:
+            want = jax.value_and_grad(dense, argnums=(0, 1))(x, y)
+            for strategy in EXACT:
+                got = jax.jit(jax.value_and_grad(lambda a, b, f=sharded, s=strategy, t=third: f(
+                    a, b, t, mesh=mesh, strategy=s, block_size=2), argnums=(0, 1)))(x, y)
+                _assert_close(got, want, tol=1e-12)
 
 
 def test_indivisible_batch_names_both_numbers():
@@ -171,13 +175,14 @@ def test_bad_strategy_and_mesh():
 
 
 def _compiled(loss, strategy, devices, rows, d, block=64):
+    """The compiled train-step gradient (embeddings and temperature) of a sharded loss."""
     mesh = _mesh(devices)
     spec = jax.ShapeDtypeStruct((rows, d), jnp.float32)
     sharded = sharded_clip_loss if loss == "clip" else sharded_nt_xent
-    third = 0.0 if loss == "clip" else 0.1
-    f = jax.grad(lambda a, b: sharded(a, b, third, mesh=mesh, strategy=strategy,
-                                      block_size=block), argnums=(0, 1))
-    return jax.jit(f).lower(spec, spec).compile()
+    third = jnp.float32(0.0 if loss == "clip" else 0.1)
+    f = jax.grad(lambda a, b, t: sharded(a, b, t, mesh=mesh, strategy=strategy,
+                                         block_size=block), argnums=(0, 1, 2))
+    return jax.jit(f).lower(spec, spec, third).compile()
 
 
 @pytest.mark.parametrize("loss", ["clip", "nt_xent"])

@@ -155,16 +155,22 @@ def chunk_normalisers(
     own: Array,
     plan: ChunkPlan,
     stats: tuple[Normaliser, Array],
-) -> tuple[Normaliser, Array]:
-    """Fold one chunk into the anchors' (negatives' normaliser (n,), positive cosine (n,))."""
+    columns: Normaliser | None = None,
+) -> tuple[tuple[Normaliser, Array], Normaliser | None]:
+    """Fold one chunk into the anchors' (negatives' normaliser (n,), positive cosine (n,)).
+
+    With ``columns`` (the chunk's own (n,) normaliser, for CLIP's second direction), the same
+    tiles are also folded into it column-wise: what this device's anchors contribute to the
+    log-sum-exp of each of the chunk's columns. Returns ``(stats, columns)``.
+    """
     r_idx, c_idx = plan.pairs()
     b = plan.block
 
     def body(t, carry):
-        norm, positive = carry
+        (norm, positive), cols = carry
         r, c = r_idx[t], c_idx[t]
-        r0 = plan.start(r)
-        cosines = jnp.matmul(_block(anchors, r0, b), _block(chunk, plan.start(c), b).T,
+        r0, c0 = plan.start(r), plan.start(c)
+        cosines = jnp.matmul(_block(anchors, r0, b), _block(chunk, c0, b).T,
                              precision=MATMUL_PRECISION)
         pos_mask, neg_mask = tile_masks(plan, r, c, own)
         positive = lax.dynamic_update_slice_in_dim(
@@ -172,9 +178,11 @@ def chunk_normalisers(
             + jnp.where(pos_mask, cosines, 0.0).sum(axis=1), r0, 0)
         tile = jnp.where(neg_mask, scale * cosines, -jnp.inf)
         norm = put(norm, merge(take(norm, r0, b), tile_normaliser(tile, 1)), r0)
-        return norm, positive
+        if cols is not None:
+            cols = put(cols, merge(take(cols, c0, b), tile_normaliser(tile, 0)), c0)
+        return (norm, positive), cols
 
-    return lax.fori_loop(0, r_idx.shape[0], body, varying_like(stats, anchors.x))
+    return lax.fori_loop(0, r_idx.shape[0], body, varying_like((stats, columns), anchors.x))
 
 
 def empty_stats(n: int, dtype) -> tuple[Normaliser, Array]:
@@ -191,12 +199,16 @@ def chunk_grads(
     positive_cos: Array,
     plan: ChunkPlan,
     acc: tuple[Array, Array, Array],
+    col_weights: RowWeights | None = None,
+    col_positive_cos: Array | None = None,
 ) -> tuple[Array, Array, Array]:
     """Add one chunk's ``Gamma C_hat`` (anchors), ``Gamma^T A_hat`` (chunk), ``sum Gamma*C``.
 
     ``weights`` carry ``g p_ij`` of the negatives (:func:`~contrastive_jax.losses.tiles.
     negative_probabilities`); ``acc = (g_anchors (n, d), g_chunk (n, d), total)``. The sum is
     centred on each anchor's positive cosine, exact because each row of ``P - I`` sums to zero.
+    With ``col_weights`` / ``col_positive_cos`` (the chunk's columns' weights and positive
+    cosines) the tile's ``Gamma`` also holds CLIP's second direction, ``beta (P_c - I)``.
     """
     r_idx, c_idx = plan.pairs()
     b = plan.block
@@ -208,8 +220,13 @@ def chunk_grads(
         a_r, c_c = _block(anchors, r0, b), _block(chunk, c0, b)
         cosines = jnp.matmul(a_r, c_c.T, precision=MATMUL_PRECISION)
         _, neg_mask = tile_masks(plan, r, c, own)
+        cols = pos_col = None
+        if col_weights is not None:
+            cols = take(col_weights, c0, b)
+            pos_col = lax.dynamic_slice_in_dim(col_positive_cos, c0, b)
         gamma, part = tile_logit_grad(cosines, scale * cosines, neg_mask, take(weights, r0, b),
-                                      None, lax.dynamic_slice_in_dim(positive_cos, r0, b), None)
+                                      cols, lax.dynamic_slice_in_dim(positive_cos, r0, b),
+                                      pos_col)
         g_a = lax.dynamic_update_slice_in_dim(
             g_a, lax.dynamic_slice_in_dim(g_a, r0, b)
             + jnp.matmul(gamma, c_c, precision=MATMUL_PRECISION), r0, 0)
