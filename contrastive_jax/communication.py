@@ -2,7 +2,7 @@
 
 Per device, with ``n = N / D`` rows of ``d`` float32 values (a chunk is ``n`` rows for
 CLIP, ``2n`` rows, both views, for NT-Xent). The exact CLIP strategies send only ``y`` chunks
-(one pass gives both directions; see ``_clip_one_pass`` in :mod:`contrastive_jax.sharding`):
+(one pass gives both directions; see ``clip_one_pass`` in :mod:`contrastive_jax.losses.sharded`):
 ``all_gather`` ``2 (D - 1)`` chunks, ``ring`` ``3D - 2`` chunks, plus O(n) statistics per hop.
 Otherwise (NT-Xent; CLIP without gradient through the gather, per direction):
 
