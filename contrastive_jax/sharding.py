@@ -138,7 +138,7 @@ def clip_loss_shard(
     scale = logit_scale(jnp.asarray(log_scale).astype(dtype), max_scale)
     total = x.shape[0] * axis_size
     w_row, w_col = DIRECTION_WEIGHTS[direction]
-    passes = tuple(pass_ for pass_, w in (((0, 1, w_row), w_row), ((1, 0, w_col), w_col)) if w)
+    passes = tuple(p for p in ((0, 1, w_row), (1, 0, w_col)) if p[2])  # (anchors, candidates, w)
     setup = Setup(axis_name, axis_size, "clip", strategy, block_size, passes)
     if len(passes) == 2 and strategy != "all_gather_no_grad":
         return clip_one_pass(x, y, scale, setup) / total
