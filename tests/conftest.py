@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
+import pytest
 from hypothesis import settings
 
 jax.config.update("jax_num_cpu_devices", 8)
@@ -12,3 +13,16 @@ jax.config.update("jax_num_cpu_devices", 8)
 # Each new shape compiles; keep property tests to a handful of examples and never time them.
 settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True)
 settings.load_profile("ci")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_dir(tmp_path_factory):
+    """One TFDS data dir for the session (never the user's cache); datasets build on first use."""
+    path = tmp_path_factory.mktemp("datasets")
+    old = os.environ.get("CONTRASTIVE_JAX_DATA_DIR")
+    os.environ["CONTRASTIVE_JAX_DATA_DIR"] = str(path)
+    yield str(path)
+    if old is None:
+        os.environ.pop("CONTRASTIVE_JAX_DATA_DIR", None)
+    else:
+        os.environ["CONTRASTIVE_JAX_DATA_DIR"] = old

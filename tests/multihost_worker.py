@@ -4,7 +4,9 @@
 
 Joins a 2-process job on 127.0.0.1:PORT with 2 CPU devices each, builds the global batch from
 its half of the rows, runs every strategy of the sharded CLIP and NT-Xent losses, and prints
-the losses and full gradients (gathered from both processes) as one JSON line.
+the losses and full gradients (gathered from both processes) as one JSON line. It also reads
+the first global batches of the ``digits`` training stream through the input pipeline (each
+process its own shard, from ``jax.process_index()``), and reports their example indices.
 """
 
 import json
@@ -15,6 +17,7 @@ import jax
 from contrastive_jax.distributed import Launch, global_batch, initialize
 
 ROWS, DIM = 16, 6
+DATA_BATCH, DATA_SEED, DATA_STEPS = 8, 3, 3
 
 
 def data():
@@ -61,6 +64,14 @@ def main(process_id: int, port: str) -> None:
             grads = multihost_utils.process_allgather(grads, tiled=True)
             out[f"{name}/{strategy}"] = {"loss": float(loss),
                                          "grads": [np.asarray(g).tolist() for g in grads]}
+    from contrastive_jax.data import default_config, train_iterator
+
+    config = default_config()
+    config.update({"name": "digits", "batch_size": DATA_BATCH, "seed": DATA_SEED})
+    stream = train_iterator(config, mesh)
+    out["data/indices"] = [
+        np.asarray(multihost_utils.process_allgather(next(stream)["index"], tiled=True)).tolist()
+        for _ in range(DATA_STEPS)]
     print(json.dumps(out), flush=True)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from contrastive_jax.data import HostShard, open_split, train_dataset
 from contrastive_jax.distributed import Launch, global_batch, initialize, launch_settings
 from contrastive_jax.losses import clip_loss, nt_xent
 from contrastive_jax.sharding import make_mesh, sharded_clip_loss, sharded_nt_xent
@@ -93,6 +94,14 @@ def _run_two_processes(timeout: float = 240.0) -> list[dict]:
 
 def test_two_processes_match_one_process():
     results = _run_two_processes()
+    # the input pipeline: each global batch holds the single-process batch's examples
+    single = train_dataset(open_split("digits", "train"), global_batch_size=multihost_worker.
+                           DATA_BATCH, seed=multihost_worker.DATA_SEED, shard=HostShard(0, 1))
+    single = iter(single)
+    for step in range(multihost_worker.DATA_STEPS):
+        want = np.sort(next(single)["index"])
+        for proc in results:
+            np.testing.assert_array_equal(np.sort(proc["data/indices"][step]), want)
     x, y = (jnp.asarray(a) for a in multihost_worker.data())
     mesh4 = make_mesh({"data": 4}, jax.devices()[:4])
     refs = {

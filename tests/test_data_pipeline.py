@@ -1,0 +1,176 @@
+"""grain pipelines: seeded streams, per-host shards, checkpointable state, global arrays."""
+
+import grain
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax.data import (
+    HostShard,
+    default_config,
+    eval_dataset,
+    eval_iterator,
+    open_split,
+    standard_preprocess,
+    train_dataset,
+    train_iterator,
+)
+from contrastive_jax.sharding import make_mesh
+
+
+@pytest.fixture(scope="module")
+def mnist1d_test():
+    return open_split("mnist1d", "test")  # 1000 examples
+
+
+def indices(ds, steps):
+    it = iter(ds)
+    return [np.asarray(next(it)["index"]) for _ in range(steps)]
+
+
+def test_same_seed_same_stream_other_seed_other_stream(mnist1d_test):
+    def make(seed):
+        return train_dataset(mnist1d_test, global_batch_size=50, seed=seed,
+                             shard=HostShard(0, 1))
+    a, b, c = indices(make(0), 5), indices(make(0), 5), indices(make(1), 5)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not np.array_equal(np.concatenate(a), np.concatenate(c))
+
+
+def test_each_epoch_is_a_new_permutation_of_the_split(mnist1d_test):
+    ds = train_dataset(mnist1d_test, global_batch_size=100, seed=3, shard=HostShard(0, 1))
+    stream = np.concatenate(indices(ds, 30))  # 3 epochs of 1000
+    epochs = stream.reshape(3, 1000)
+    for epoch in epochs:
+        np.testing.assert_array_equal(np.sort(epoch), np.arange(1000))
+    assert not np.array_equal(epochs[0], epochs[1])
+    assert not np.array_equal(epochs[0], np.arange(1000))  # shuffled
+
+
+def test_two_processes_get_disjoint_shards_whose_union_is_the_split(mnist1d_test):
+    steps = 1000 // 40  # one epoch of global batches of 40
+    single = indices(train_dataset(mnist1d_test, global_batch_size=40, seed=7,
+                                   shard=HostShard(0, 1)), steps)
+    hosts = [indices(train_dataset(mnist1d_test, global_batch_size=40, seed=7,
+                                   shard=HostShard(p, 2)), steps) for p in range(2)]
+    assert hosts[0][0].shape == (20,)
+    first, second = np.concatenate(hosts[0]), np.concatenate(hosts[1])
+    assert not set(first) & set(second)
+    np.testing.assert_array_equal(np.sort(np.concatenate([first, second])), np.arange(1000))
+    # each step's global batch is the same set of examples as with one process
+    for k in range(steps):
+        np.testing.assert_array_equal(np.sort(np.concatenate([hosts[0][k], hosts[1][k]])),
+                                      np.sort(single[k]))
+
+
+def test_finite_epochs_give_every_host_the_same_number_of_batches(mnist1d_test):
+    counts = [len(list(train_dataset(mnist1d_test, global_batch_size=48, seed=0, num_epochs=2,
+                                     shard=HostShard(p, 3)))) for p in range(3)]
+    assert counts == [2000 // 48] * 3
+
+
+def test_restored_state_continues_the_exact_stream(mnist1d_test):
+    ds = train_dataset(mnist1d_test, global_batch_size=64, seed=5, shard=HostShard(1, 2),
+                       read_options=grain.ReadOptions(num_threads=2, prefetch_buffer_size=3))
+    it = iter(ds)
+    for _ in range(17):  # past the first epoch boundary (1000 / 64)
+        next(it)
+    state = it.get_state()
+    expected = [np.asarray(next(it)["index"]) for _ in range(4)]
+    fresh = iter(ds)
+    fresh.set_state(state)
+    got = [np.asarray(next(fresh)["index"]) for _ in range(4)]
+    assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))
+
+
+def config_for(**overrides):
+    config = default_config()
+    config.update(overrides)
+    return config
+
+
+def test_train_iterator_gives_global_arrays_sharded_over_data():
+    mesh = make_mesh({"data": -1})
+    it = train_iterator(config_for(batch_size=16, seed=2), mesh)
+    batch = next(it)
+    assert batch["signal"].shape == (16, 40, 1) and batch["signal"].dtype == np.float32
+    assert batch["label"].dtype == np.int32
+    assert batch["signal"].sharding.spec == P("data")
+    assert len(batch["signal"].sharding.device_set) == jax.device_count() == 8
+    host = next(iter(train_dataset(open_split("mnist1d", "train"), global_batch_size=16,
+                                   seed=2, shard=HostShard(0, 1))))
+    for key in host:
+        np.testing.assert_array_equal(np.asarray(batch[key]), host[key])
+
+
+def test_checkpointed_iterator_restores_through_orbax(tmp_path):
+    mesh = make_mesh({"data": -1})
+    config = config_for(batch_size=8, seed=11)
+    it = train_iterator(config, mesh)
+    for _ in range(6):
+        next(it)
+    manager = ocp.CheckpointManager(tmp_path / "ckpt")
+    manager.save(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(it)))
+    manager.wait_until_finished()
+    expected = [np.asarray(next(it)["index"]) for _ in range(3)]
+    fresh = train_iterator(config, mesh)
+    manager.restore(6, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
+    got = [np.asarray(next(fresh)["index"]) for _ in range(3)]
+    assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))
+    manager.close()
+
+
+def test_eval_pass_covers_the_split_once_with_padding(mnist1d_test):
+    hosts = [list(eval_dataset(mnist1d_test, global_batch_size=96, shard=HostShard(p, 2)))
+             for p in range(2)]
+    assert len(hosts[0]) == len(hosts[1]) == 11  # ceil(1000 / 96)
+    seen = np.concatenate([b["index"][b["mask"]] for host in hosts for b in host])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(1000))
+    assert sum(int((~b["mask"]).sum()) for host in hosts for b in host) == 11 * 96 - 1000
+    padding = hosts[1][-1]
+    assert (padding["signal"][~padding["mask"]] == 0).all()
+    mesh = make_mesh({"data": -1})
+    batches = list(eval_iterator(config_for(eval_batch_size=200), mesh))
+    assert len(batches) == 5 and all(b["mask"].shape == (200,) for b in batches)
+    assert int(sum(b["mask"].sum() for b in batches)) == 1000
+
+
+def test_preprocess_types_and_feature_selection():
+    pre = standard_preprocess(("image", "label"))
+    out = pre({"image": np.full((8, 8, 1), 255, np.uint8), "label": 3, "index": 1})
+    assert set(out) == {"image", "label"}
+    assert out["image"].dtype == np.float32 and out["image"].max() == 1.0
+    assert out["label"].dtype == np.int32
+    with pytest.raises(KeyError, match=r"data\.features"):
+        pre({"label": 1})
+
+
+def test_images_arrive_as_floats_in_unit_range():
+    mesh = make_mesh({"data": -1})
+    batch = next(train_iterator(config_for(name="digits", batch_size=32), mesh))
+    image = np.asarray(batch["image"])
+    assert image.shape == (32, 8, 8, 1) and image.dtype == np.float32
+    assert 0.0 <= image.min() and image.max() <= 1.0 and image.max() > 0.5
+
+
+def test_generated_dataset_through_the_same_pipeline():
+    mesh = make_mesh({"data": -1})
+    config = config_for(name="correlated_gaussians", batch_size=64,
+                        options={"dim": 20, "mutual_information": 6.0, "num_examples": 640})
+    batch = next(train_iterator(config, mesh))
+    assert batch["x"].shape == (64, 20) and batch["y"].shape == (64, 20)
+
+
+def test_bad_configs_say_what_to_change(mnist1d_test):
+    mesh = make_mesh({"data": -1})
+    with pytest.raises(ValueError, match=r"unknown data config fields.*batchsize"):
+        train_iterator(ml_collections.ConfigDict({"batchsize": 8}), mesh)
+    with pytest.raises(ValueError, match="process count 3"):
+        train_dataset(mnist1d_test, global_batch_size=8, seed=0, shard=HostShard(0, 3))
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        train_dataset(mnist1d_test, global_batch_size=2000, seed=0, shard=HostShard(0, 1))
+    with pytest.raises(ValueError, match="8"):  # 12 rows over 8 devices
+        next(train_iterator(config_for(batch_size=12), mesh))

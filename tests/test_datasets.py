@@ -1,0 +1,263 @@
+"""The package's TFDS datasets, built offline into a temporary data dir; sources and errors."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from contrastive_jax.data import captions, correlated_gaussians, digits, mnist1d
+from contrastive_jax.data.prepare import LOCAL_NAMES, prepare
+from contrastive_jax.data.sources import DatasetNotPreparedError, open_split
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_all(source):
+    """Every example of a source as a dict of stacked arrays, ordered by ``index``."""
+    rows = [source[i] for i in range(len(source))]
+    out = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+    order = np.argsort(out["index"])
+    return {k: v[order] for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def generated_mnist1d():
+    return mnist1d.mnist1d_arrays()
+
+
+def test_mnist1d_is_the_packages_standard_split(generated_mnist1d):
+    seen = []
+    for split, n in (("train", 4000), ("test", 1000)):
+        data = read_all(open_split("mnist1d", split))
+        assert data["signal"].shape == (n, 40, 1) and data["signal"].dtype == np.float32
+        np.testing.assert_array_equal(data["index"], np.arange(n))
+        x, y = generated_mnist1d[split]
+        np.testing.assert_array_equal(data["signal"], x)  # the generator's output, bit for bit
+        np.testing.assert_array_equal(data["label"], y)
+        assert set(np.unique(data["label"])) == set(range(10))
+        # classes are near-balanced (the generator makes 500 of each)
+        assert np.bincount(data["label"]).min() > 0.08 * n
+        seen.append(data["signal"])
+    everything = np.concatenate(seen)
+    assert abs(everything.mean()) < 1e-3 and abs(everything.std() - 1) < 1e-2
+
+
+def test_digits_fixed_split_and_scaling():
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    parts = {}
+    for split, n in (("train", digits.NUM_TRAIN), ("test", 1797 - digits.NUM_TRAIN)):
+        data = read_all(open_split("digits", split))
+        assert data["image"].shape == (n, 8, 8, 1) and data["image"].dtype == np.uint8
+        assert data["label"].min() == 0 and data["label"].max() == 9
+        np.testing.assert_array_equal(data["label"], ref.target[data["index"]])
+        expected = np.round(ref.images[data["index"]] * 255 / 16).astype(np.uint8)[..., None]
+        np.testing.assert_array_equal(data["image"], expected)
+        parts[split] = data["index"]
+    # the documented split: default_rng(0) permutation, first 1437 train
+    order = np.random.default_rng(0).permutation(1797)
+    np.testing.assert_array_equal(parts["train"], np.sort(order[:1437]))
+    assert not set(parts["train"]) & set(parts["test"])
+    assert len(set(parts["train"]) | set(parts["test"])) == 1797
+
+
+@pytest.mark.parametrize("config,modality,key,unpaired", [
+    ("mnist1d", "signal", "signal", "mnist1d"), ("digits", "image", "image", "digits")])
+def test_digit_captions_pair_each_sample_with_its_caption(config, modality, key, unpaired):
+    data = read_all(open_split(f"digit_captions/{config}", "train"))
+    plain = read_all(open_split(unpaired, "train"))
+    np.testing.assert_array_equal(data[key], plain[key])  # same samples, same split
+    np.testing.assert_array_equal(data["label"], plain["label"])
+    assert data["caption"].shape[1:] == (captions.MAX_TOKENS,)
+    assert data["caption"].dtype == np.int32
+    texts = captions.detokenize(data["caption"])
+    for text, t, y in zip(texts[:200], data["template"][:200], data["label"][:200], strict=True):
+        assert text == captions.caption(modality, int(t), int(y))
+        assert captions.CLASS_NAMES[y] in text.split()
+    np.testing.assert_array_equal(data["caption_id"], data["template"] * 10 + data["label"])
+    # every template is used, and identical captions share an id (the false-negative key)
+    assert set(np.unique(data["template"])) == set(range(len(captions.templates(modality))))
+    assert len(np.unique(data["caption_id"])) == len(set(texts)) <= 80
+    assert (data["caption"] != captions.UNK).all()  # the vocabulary covers every template
+
+
+def test_tokenizer():
+    toks = captions.tokenize(["a plot of the digit seven", "Seven zebras"])
+    assert toks.shape == (2, captions.MAX_TOKENS) and toks.dtype == np.int32
+    words = captions.vocabulary()
+    assert [words[t] for t in toks[0, :8]] == ["<bos>", "a", "plot", "of", "the", "digit",
+                                               "seven", "<eos>"]
+    assert (toks[0, 8:] == captions.PAD).all()
+    assert toks[1, 2] == captions.UNK
+    assert captions.detokenize(toks) == ["a plot of the digit seven", "seven <unk>"]
+    with pytest.raises(ValueError, match="max_tokens"):
+        captions.tokenize("a " * 11)
+    prompts = captions.class_prompts("signal")
+    assert prompts.shape == (10, 8, captions.MAX_TOKENS)
+    seven = words.index("seven")
+    assert ((prompts[7] == seven).sum(axis=-1) == 1).all()
+    assert not (prompts[3] == seven).any()
+
+
+def test_correlated_gaussians_mutual_information():
+    with jax.enable_x64(True):
+        # I = H(X) + H(Y) - H(X, Y) from Gaussian entropies 1/2 log det(2 pi e Sigma)
+        for dim, rho in ((1, 0.5), (20, 0.9), (7, -0.3)):
+            cov = np.block([[np.eye(dim), rho * np.eye(dim)], [rho * np.eye(dim), np.eye(dim)]])
+            joint = 0.5 * np.linalg.slogdet(2 * np.pi * np.e * cov)[1]
+            marginal = 0.5 * dim * np.log(2 * np.pi * np.e)
+            assert math.isclose(correlated_gaussians.mutual_information(dim, rho),
+                                2 * marginal - joint, rel_tol=1e-12)
+        for mi in (2.0, 4.0, 10.0):
+            rho = correlated_gaussians.correlation_for(mi, 20)
+            assert math.isclose(correlated_gaussians.mutual_information(20, rho), mi,
+                                rel_tol=1e-12)
+    x, y = correlated_gaussians.sample(jax.random.key(0), 20_000, 4, 0.8)
+    corr = np.corrcoef(np.asarray(x[:, 0]), np.asarray(y[:, 0]))[0, 1]
+    assert abs(corr - 0.8) < 4 * (1 - 0.8**2) / math.sqrt(20_000)
+    src = correlated_gaussians.CorrelatedGaussians(5000, 3, 0.6, seed=1)
+    np.testing.assert_array_equal(src[17]["x"], src[17]["x"])
+    assert not np.array_equal(src[17]["x"], src[18]["x"])
+    pairs = np.stack([np.concatenate([src[i]["x"], src[i]["y"]]) for i in range(len(src))])
+    corr = np.corrcoef(pairs[:, 0], pairs[:, 3])[0, 1]
+    assert abs(corr - 0.6) < 4 * (1 - 0.6**2) / math.sqrt(5000)
+    for bad in ({"dim": 0, "rho": 0.5}, {"dim": 2, "rho": 1.0}):
+        with pytest.raises(ValueError):
+            correlated_gaussians.CorrelatedGaussians(10, **bad)
+
+
+def test_correlated_gaussians_through_open_split():
+    src = open_split("correlated_gaussians", "train",
+                     options={"dim": 20, "mutual_information": 4.0, "num_examples": 100})
+    assert len(src) == 100 and src[0]["x"].shape == (20,)
+    assert math.isclose(correlated_gaussians.mutual_information(20, src.rho), 4.0)
+    test = open_split("correlated_gaussians", "test", options={"rho": 0.5})
+    assert test.seed != src.seed
+    with pytest.raises(ValueError, match="exactly one of"):
+        open_split("correlated_gaussians", "train", options={"rho": 0.5,
+                                                              "mutual_information": 2.0})
+    with pytest.raises(ValueError, match="valid"):
+        open_split("correlated_gaussians", "train", options={"rh0": 0.5})
+
+
+def _version_files(builder):
+    return {p.name: p.stat().st_mtime_ns for p in Path(builder.data_dir).iterdir()}
+
+
+def test_prepare_is_idempotent(tmp_path):
+    builder = prepare("digits", str(tmp_path))
+    before = _version_files(builder)
+    again = prepare("digits", str(tmp_path))
+    assert again.data_dir == builder.data_dir and _version_files(again) == before
+
+
+def test_interrupted_build_leaves_nothing_prepared_and_is_rebuilt(tmp_path, monkeypatch):
+    original = digits.Digits._generate_examples
+
+    def interrupted(self, *args):
+        for count, item in enumerate(original(self, *args)):
+            if count == 100:
+                raise KeyboardInterrupt("simulated interruption")
+            yield item
+
+    monkeypatch.setattr(digits.Digits, "_generate_examples", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare("digits", str(tmp_path), verbose=False)
+    builder = tfds.builder("digits", data_dir=str(tmp_path))
+    assert not builder.is_prepared()
+    monkeypatch.setattr(digits.Digits, "_generate_examples", original)
+    builder = prepare("digits", str(tmp_path), verbose=False)
+    assert builder.is_prepared()
+    assert not list((tmp_path / "digits").glob("incomplete.*"))
+    assert len(open_split("digits", "test", str(tmp_path))) == 360
+
+
+def test_concurrent_prepares_build_once(tmp_path):
+    code = ("import sys; from contrastive_jax.data.prepare import prepare; "
+            "prepare('digits', sys.argv[1])")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sum(err.count("preparing digits") for _, err in outs) == 1
+    assert len(open_split("digits", "train", str(tmp_path))) == digits.NUM_TRAIN
+
+
+def test_prepare_command_line(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-m", "contrastive_jax.data.prepare", "digits",
+                          f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert "digits:" in run.stdout and "'train': 1437" in run.stdout
+    bad = subprocess.run([sys.executable, "-m", "contrastive_jax.data.prepare", "cifar10",
+                          f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
+                         timeout=120, cwd=REPO)
+    assert bad.returncode != 0 and "tfds build" in bad.stderr
+    assert set(LOCAL_NAMES) >= {"mnist1d", "digits"}
+
+
+def test_unprepared_tfds_dataset_names_dataset_dir_and_command(tmp_path):
+    with pytest.raises(DatasetNotPreparedError) as err:
+        open_split("cifar10", "train", str(tmp_path))
+    message = str(err.value)
+    assert "'cifar10'" in message and str(tmp_path) in message
+    assert f"tfds build cifar10 --data_dir={tmp_path} --file_format=array_record" in message
+    assert not (tmp_path / "cifar10").exists()  # nothing written, nothing downloaded
+    with pytest.raises(ValueError, match="unknown dataset"):
+        open_split("no_such_dataset", "train", str(tmp_path))
+    with pytest.raises(ValueError, match="no split 'validation'"):
+        open_split("digits", "validation")
+    with pytest.raises(ValueError, match="only apply"):
+        open_split("digits", "train", options={"rho": 0.5})
+
+
+class ExternalToy(tfds.core.GeneratorBasedBuilder):
+    """A dataset this package does not know, prepared the way `tfds build` would."""
+
+    name = "external_toy_for_tests"
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+            "image": tfds.features.Tensor(shape=(4, 4, 3), dtype=np.uint8),
+            "label": tfds.features.ClassLabel(num_classes=3)}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(24)}
+
+    def _generate_examples(self, n):
+        for i in range(n):
+            yield i, {"image": np.full((4, 4, 3), 10 * i, np.uint8), "label": i % 3}
+
+
+def test_any_prepared_tfds_dataset_goes_through_the_same_path(tmp_path):
+    from contrastive_jax.data.pipeline import HostShard, train_dataset
+
+    ExternalToy(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+    source = open_split("external_toy_for_tests", "train", str(tmp_path))
+    assert len(source) == 24
+    batch = next(iter(train_dataset(source, global_batch_size=8, seed=0,
+                                    shard=HostShard(0, 1))))
+    assert batch["image"].shape == (8, 4, 4, 3) and batch["image"].dtype == np.float32
+    assert set(np.round(batch["image"][:, 0, 0, 0] * 255).astype(int)) <= set(range(0, 240, 10))
+
+
+def test_dataset_prepared_without_random_access_is_rejected(tmp_path):
+    builder = ExternalToy(data_dir=str(tmp_path), file_format="array_record")
+    builder.download_and_prepare()
+    info = Path(builder.data_dir) / "dataset_info.json"
+    # as `tfds build` without --file_format leaves it (tfrecord needs TensorFlow to write)
+    info.write_text(info.read_text().replace('"fileFormat": "array_record"',
+                                             '"fileFormat": "tfrecord"'))
+    with pytest.raises(DatasetNotPreparedError, match=r"prepared as tfrecord.*array_record"):
+        open_split("external_toy_for_tests", "train", str(tmp_path))
