@@ -70,22 +70,38 @@ def _word_ids() -> dict[str, int]:
     return {w: i for i, w in enumerate(vocabulary())}
 
 
-def tokenize(texts: str | Sequence[str], max_tokens: int = MAX_TOKENS) -> np.ndarray:
+def load_vocabulary(path: str) -> tuple[str, ...]:
+    """A vocabulary file (one word per line, starting ``<pad> <unk> <bos> <eos>``)."""
+    with open(path) as handle:
+        words = tuple(line.strip() for line in handle if line.strip())
+    if words[:4] != ("<pad>", "<unk>", "<bos>", "<eos>"):
+        raise ValueError(f"{path}: a vocabulary must start with <pad>, <unk>, <bos>, <eos>")
+    return words
+
+
+def tokenize(texts: str | Sequence[str], max_tokens: int = MAX_TOKENS, *,
+             vocabulary: Sequence[str] | None = None, truncate: bool = False) -> np.ndarray:
     """Token ids ``(len(texts), max_tokens)`` int32: ``<bos> words <eos>``, ``<pad>``-filled.
 
-    Words are lowercased and split on whitespace; a word outside the vocabulary becomes
-    ``<unk>``. A text with more than ``max_tokens - 2`` words is a ValueError (raise
-    ``max_tokens``), never silently cut.
+    Words are lowercased, stripped of surrounding punctuation and split on whitespace; a word
+    outside the vocabulary (default: ``vocab.txt``) becomes ``<unk>``. A text with more than
+    ``max_tokens - 2`` words is a ValueError (raise ``max_tokens``) unless ``truncate``, which
+    keeps the first words (as CLIP cuts captions at its context length).
     """
     if isinstance(texts, str):
         texts = [texts]
-    ids = _word_ids()
+    ids = _word_ids() if vocabulary is None else {w: i for i, w in enumerate(vocabulary)}
     out = np.full((len(texts), max_tokens), PAD, np.int32)
     for row, text in enumerate(texts):
-        words = text.lower().split()
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        words = [w.strip(".,;:!?\"'()") for w in text.lower().split()]
+        words = [w for w in words if w]
         if len(words) + 2 > max_tokens:
-            raise ValueError(f"caption {text!r} has {len(words)} words; at most "
-                             f"{max_tokens - 2} fit in max_tokens={max_tokens}")
+            if not truncate:
+                raise ValueError(f"caption {text!r} has {len(words)} words; at most "
+                                 f"{max_tokens - 2} fit in max_tokens={max_tokens}")
+            words = words[: max_tokens - 2]
         toks = [BOS, *(ids.get(w, UNK) for w in words), EOS]
         out[row, : len(toks)] = toks
     return out
