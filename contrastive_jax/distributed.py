@@ -48,9 +48,12 @@ class Launch:
 
 def launch_settings(config: Mapping | None = None,
                     environ: Mapping[str, str] | None = None) -> Launch:
-    """The launch from ``config`` (keys as :class:`Launch` fields), else from the environment."""
+    """The launch from ``config`` (keys as :class:`Launch` fields), else from the environment.
+
+    ``None`` values in ``config`` count as unset (a config file's placeholders).
+    """
     environ = os.environ if environ is None else environ
-    config = dict(config or {})
+    config = {k: v for k, v in dict(config or {}).items() if v is not None}
     unknown = set(config) - {f.name for f in dataclasses.fields(Launch)}
     if unknown:
         raise ValueError(f"unknown launch settings {sorted(unknown)}; valid: "

@@ -174,3 +174,23 @@ def test_bad_configs_say_what_to_change(mnist1d_test):
         train_dataset(mnist1d_test, global_batch_size=2000, seed=0, shard=HostShard(0, 1))
     with pytest.raises(ValueError, match="8"):  # 12 rows over 8 devices
         next(train_iterator(config_for(batch_size=12), mesh))
+
+
+def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
+    from contrastive_jax.data.pipeline import image_text_preprocess
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("<pad>\n<unk>\n<bos>\n<eos>\na\nphoto\nof\ndog\n")
+    pre = image_text_preprocess(image_size=16, max_tokens=5, vocabulary=str(vocab))
+    # 20 x 40 image: left half 0, right half 255; the shorter side becomes 16 (32 wide), the
+    # centre 16 columns are kept: 8 dark then 8 bright
+    image = np.zeros((20, 40, 3), np.uint8)
+    image[:, 20:] = 255
+    out = pre({"image": image, "captions": {"text": [b"A photo of a dog.", b"other"]}})
+    assert out["image"].shape == (16, 16, 3) and out["image"].dtype == np.float32
+    np.testing.assert_array_equal(out["image"][:, :7], 0.0)
+    np.testing.assert_array_equal(out["image"][:, 9:], 1.0)
+    # <bos> a photo of <eos> in the file's ids, cut at 5 tokens
+    np.testing.assert_array_equal(out["caption"], [2, 4, 5, 6, 3])
+    with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8"):
+        pre({"image": image[..., 0], "captions": {"text": ["a"]}})

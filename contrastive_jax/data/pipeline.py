@@ -61,6 +61,9 @@ def default_config() -> ml_collections.ConfigDict:
         "prefetch": 2,                 # batches read ahead per process
         # correlated_gaussians only: dim and rho or mutual_information (nats)
         "options": {},
+        # "standard" (keep data.features, uint8 images -> [0, 1]) or "image_text" (resize,
+        # tokenise: image_text_preprocess's options)
+        "preprocess": {"name": "standard"},
     })
 
 
@@ -107,6 +110,62 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[[Mapp
         return {k: _to_jax_dtype(np.asarray(v)) for k, v in example.items()}
 
     return preprocess
+
+
+def image_text_preprocess(*, image_key: str = "image", caption_key: str = "captions/text",
+                          image_size: int = 224, max_tokens: int = 32,
+                          vocabulary: str = "") -> Callable[[Mapping], Example]:
+    """Image-caption example (e.g. ``coco_captions``) -> ``{"image", "caption"}``.
+
+    The image (any (H, W, 3) uint8) is resized so its shorter side is ``image_size``
+    (bilinear), centre-cropped to ``image_size`` x ``image_size`` and scaled to float32 in
+    [0, 1]; the first caption (``caption_key``: a ``/``-separated path into the example, a
+    list of texts or one text) is tokenised with the word vocabulary file ``vocabulary``
+    (default: the package's ``vocab.txt``), cut at ``max_tokens`` (CLIP's context length).
+    """
+    from PIL import Image
+
+    from contrastive_jax.data.captions import load_vocabulary, tokenize
+
+    words = load_vocabulary(vocabulary) if vocabulary else None
+    path = caption_key.split("/")
+
+    def preprocess(example: Mapping) -> Example:
+        image = np.asarray(example[image_key])
+        if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
+            raise ValueError(f"{image_key!r} must be (H, W, 3) uint8; got {image.shape} "
+                             f"{image.dtype}")
+        h, w = image.shape[:2]
+        scale = image_size / min(h, w)
+        size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
+        resized = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+        top, left = (size[1] - image_size) // 2, (size[0] - image_size) // 2
+        crop = resized[top:top + image_size, left:left + image_size]
+        text = example
+        for key in path:
+            text = text[key]
+        if not isinstance(text, str | bytes):
+            text = text[0]
+        tokens = tokenize([text], max_tokens, vocabulary=words, truncate=True)[0]
+        return {"image": crop.astype(np.float32) / np.float32(255.0), "caption": tokens}
+
+    return preprocess
+
+
+PREPROCESSORS = {"standard": None, "image_text": image_text_preprocess}
+
+
+def make_preprocess(config: ml_collections.ConfigDict) -> Callable[[Mapping], Example]:
+    """The preprocessing of ``config.preprocess`` (``{"name": ..., **options}``)."""
+    options = dict(config.preprocess)
+    name = options.pop("name", "standard")
+    if name not in PREPROCESSORS:
+        raise ValueError(f"unknown data.preprocess.name {name!r}; valid: {sorted(PREPROCESSORS)}")
+    if name == "standard":
+        if options:
+            raise ValueError(f"the standard preprocessing takes no options; got {options}")
+        return standard_preprocess(config.features)
+    return PREPROCESSORS[name](**options)
 
 
 def _to_jax_dtype(x: np.ndarray) -> np.ndarray:
@@ -188,7 +247,7 @@ def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
                         config.options.to_dict() or None)
     ds = train_dataset(source, global_batch_size=config.batch_size, seed=config.seed,
                        shuffle=config.shuffle, num_epochs=config.num_epochs, shard=shard,
-                       preprocess=standard_preprocess(config.features),
+                       preprocess=make_preprocess(config),
                        read_options=_read_options(config))
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 
@@ -201,7 +260,7 @@ def eval_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
     source = open_split(config.name, split or config.eval_split, config.data_dir or None,
                         config.options.to_dict() or None)
     ds = eval_dataset(source, global_batch_size=config.eval_batch_size, shard=shard,
-                      preprocess=standard_preprocess(config.features),
+                      preprocess=make_preprocess(config),
                       read_options=_read_options(config))
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 

@@ -1,0 +1,58 @@
+"""CLIP (or SigLIP) on MNIST-1D signals paired with templated captions (digit_captions).
+
+    python -m contrastive_jax.main --config=configs/clip_mnist1d.py --workdir=runs/clip
+    python -m contrastive_jax.main --config=configs/clip_mnist1d.py:loss=siglip --workdir=...
+
+A signal tower (1-D CNN) and a text tower (small Transformer) into a 64-d space, learnable
+logit scale (init 1 / 0.07, capped at 100). Identical captions in a batch are false negatives
+(see the README's Data section). Variants: ``loss`` (clip | siglip), ``batch``, ``epochs``,
+``strategy`` ('' | all_gather | all_gather_no_grad | ring), ``seed``, ``quick``.
+"""
+
+import ml_collections
+
+from contrastive_jax import augmentations, data
+from contrastive_jax.config_base import base_config, parse
+from contrastive_jax.data import captions
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    v = parse(arg, loss="clip", batch=256, epochs=50.0, strategy="", seed=0, quick=False)
+    config = base_config()
+    config.seed = v.seed
+    config.num_epochs = v.epochs
+    config.data = data.default_config()
+    config.data.update({"name": "digit_captions/mnist1d", "batch_size": v.batch,
+                        "seed": v.seed, "features": ("signal", "caption", "caption_id",
+                                                     "label")})
+    config.input_key = "signal"
+    config.text_key = "caption"
+    config.augment = augmentations.default_config("signal")
+    config.model = {
+        "name": "dual_encoder",
+        "sample_encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
+                           "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256},
+        "text_encoder": {"name": "text_transformer", "vocab_size": len(captions.vocabulary()),
+                         "max_tokens": captions.MAX_TOKENS, "width": 64, "depth": 2,
+                         "heads": 4, "features": 64},
+        "embed_dim": 64,
+        "siglip": v.loss == "siglip",
+        # SigLIP starts at scale 10, bias -10; CLIP at 1 / 0.07
+        "init_temperature": 0.1 if v.loss == "siglip" else 0.07,
+    }
+    config.loss = {"name": v.loss, "strategy": v.strategy}
+    config.optimizer = {"name": "adamw", "learning_rate": 1e-3, "warmup_steps": 50,
+                        "weight_decay": 1e-4, "temperature_lr": 1e-2}
+    if v.quick:
+        config.data.batch_size = 64
+        config.total_steps = 6
+        config.log_every = 2
+        config.checkpoint_every = 3
+        config.optimizer.warmup_steps = 1
+        config.loss.impl = "autodiff"  # compiles fastest at this size
+        config.evaluation.l2_grid = (1e-4,)
+        config.model.sample_encoder.channels = (8, 8, 8)
+        config.model.sample_encoder.features = 16
+        config.model.text_encoder.update({"width": 16, "depth": 1, "heads": 2, "features": 16})
+        config.model.embed_dim = 8
+    return config

@@ -1,0 +1,48 @@
+"""MoCo on MNIST-1D: momentum key encoder and a queue of 4096 negatives (004).
+
+    python -m contrastive_jax.main --config=configs/moco_mnist1d.py --workdir=runs/moco
+
+Variants: ``batch``, ``epochs``, ``queue`` (a multiple of ``batch``), ``momentum``,
+``temperature``, ``seed``, ``quick``.
+"""
+
+import ml_collections
+
+from contrastive_jax import augmentations, data
+from contrastive_jax.config_base import base_config, parse
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    v = parse(arg, batch=256, epochs=200.0, queue=4096, momentum=0.99, temperature=0.2,
+              seed=0, quick=False)
+    config = base_config()
+    config.seed = v.seed
+    config.num_epochs = v.epochs
+    config.data = data.default_config()
+    config.data.update({"name": "mnist1d", "batch_size": v.batch, "seed": v.seed})
+    config.input_key = "signal"
+    config.augment = augmentations.default_config("signal")
+    config.model = {
+        "name": "moco",
+        "encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
+                    "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256},
+        "head": {"hidden": 256, "out": 128, "layers": 2},
+        "momentum": v.momentum,
+        "queue_size": v.queue,
+    }
+    config.loss = {"name": "moco", "temperature": v.temperature}
+    config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 50,
+                        "weight_decay": 1e-4}
+    if v.quick:
+        config.data.batch_size = 64
+        config.model.queue_size = 256
+        config.total_steps = 6
+        config.log_every = 2
+        config.checkpoint_every = 3
+        config.optimizer.warmup_steps = 1
+        config.loss.impl = "autodiff"  # compiles fastest at this size
+        config.evaluation.l2_grid = (1e-4,)
+        config.model.encoder.channels = (8, 8, 8)
+        config.model.encoder.features = 16
+        config.model.head = {"hidden": 16, "out": 8, "layers": 2}
+    return config

@@ -1,0 +1,93 @@
+"""Progress of a run: console lines, TensorBoard scalars and ``metrics.jsonl`` in the workdir.
+
+Only process 0 writes. A console line looks like::
+
+    step   200/1560 | loss 5.012 | top1 0.613 | mi 1.91 | temp 0.200 | 6,820 ex/s | ETA 0:00:41
+
+``examples/s`` counts global examples over the wall time since the previous line (so it
+includes data loading and logging), and the ETA extrapolates it to the remaining steps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import sys
+import time
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+CONSOLE_KEYS = (("loss", "loss", "{:.4f}"), ("top1", "top1", "{:.3f}"),
+                ("mi_bound", "mi", "{:.2f}"), ("logit_scale", "scale", "{:.2f}"),
+                ("temperature", "temp", "{:.3f}"))
+
+
+class Progress:
+    """Logs every ``every`` steps and on demand; ``close()`` flushes the writers."""
+
+    def __init__(self, workdir: str | pathlib.Path, total_steps: int, global_batch: int,
+                 every: int, start_step: int = 0):
+        self.total, self.batch, self.every = total_steps, global_batch, max(1, every)
+        self.is_writer = jax.process_index() == 0
+        self._last_step, self._last_time = start_step, time.perf_counter()
+        self.start_time = time.perf_counter()
+        self._tb = self._jsonl = None
+        if self.is_writer:
+            from tensorboardX import SummaryWriter
+
+            workdir = pathlib.Path(workdir)
+            self._tb = SummaryWriter(str(workdir / "tensorboard"))
+            self._jsonl = open(workdir / "metrics.jsonl", "a")
+
+    def restart_clock(self, step: int) -> None:
+        """Measure examples/s from here (call after the first, compiling, step)."""
+        self._last_step, self._last_time = step, time.perf_counter()
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` (1-based, completed steps) is a logging step."""
+        return step % self.every == 0 or step == self.total
+
+    def log_train(self, step: int, metrics: Mapping[str, float]) -> None:
+        """One console line, TensorBoard scalars ``train/<name>``, one JSON line."""
+        now = time.perf_counter()
+        rate = (step - self._last_step) * self.batch / max(now - self._last_time, 1e-9)
+        self._last_step, self._last_time = step, now
+        values = {k: float(np.asarray(v)) for k, v in metrics.items()}
+        values["examples_per_s"] = rate
+        eta = (self.total - step) * self.batch / rate if rate > 0 else float("nan")
+        if not self.is_writer:
+            return
+        parts = [f"step {step:>6}/{self.total}"]
+        parts += [f"{label} {fmt.format(values[key])}" for key, label, fmt in CONSOLE_KEYS
+                  if key in values]
+        parts.append(f"{rate:,.0f} ex/s")
+        parts.append("ETA " + (str(datetime.timedelta(seconds=round(eta)))
+                               if np.isfinite(eta) else "?"))
+        print(" | ".join(parts), flush=True)
+        self.scalars("train", step, values)
+
+    def scalars(self, prefix: str, step: int, values: Mapping[str, float]) -> None:
+        """TensorBoard scalars ``prefix/<name>`` and a JSON line ``{"step", "prefix", ...}``."""
+        if not self.is_writer:
+            return
+        for key, value in values.items():
+            self._tb.add_scalar(f"{prefix}/{key}", float(value), step)
+        record = {"step": step, "prefix": prefix,
+                  "wall_s": round(time.perf_counter() - self.start_time, 3),
+                  **{k: float(v) for k, v in values.items()}}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+
+    def message(self, text: str) -> None:
+        if self.is_writer:
+            print(text, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()

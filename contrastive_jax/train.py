@@ -1,0 +1,270 @@
+"""The trainer: SimCLR, MoCo, CLIP and SigLIP from one config, on a device mesh.
+
+``train_and_evaluate(config, workdir)`` is the whole run:
+
+1. the mesh (``config.mesh``, default all devices on ``data``), the training stream (global
+   batches sharded over ``data``, :mod:`contrastive_jax.data`), the model
+   (:func:`contrastive_jax.models.build_model`) and the optimiser
+   (:func:`contrastive_jax.optimizers.build_optimizer`);
+2. the train state, a plain pytree replicated on the mesh::
+
+       {"step", "params", "rest" (BatchNorm statistics...), "opt_state", "rng", "skipped",
+        MoCo only: "key_params", "key_rest", "queue", "queue_pointer"}
+
+   restored from the latest checkpoint in ``workdir`` when there is one (with the data
+   iterator's position, so the run continues the exact stream);
+3. the loop: ``state, metrics = train_step(state, batch)`` (one jitted pure function of the
+   graph definition, the state, the batch and the step's key), progress lines and TensorBoard
+   scalars every ``log_every`` steps, checkpoints every ``checkpoint_every`` steps and at the
+   end, optional evaluations every ``evaluation.every`` steps;
+4. the evaluation of the frozen encoder (linear probe, kNN; :mod:`contrastive_jax.evaluation`)
+   and ``workdir/results.json``.
+
+Under ``jit`` the parameters are replicated and the batch is split over ``data``: the
+encoders run data-parallel, BatchNorm statistics are over the global batch (SimCLR's global
+BN, 004), and the gradients are all-reduced by XLA. The loss is the single-device loss on the
+global arrays or a sharded loss (``loss.strategy``), both exact over the global batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax import checkpointing, evaluation
+from contrastive_jax.data import eval_iterator, open_split, train_iterator
+from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.models import build_model, moco
+from contrastive_jax.objectives import Context, LossSettings, objective_for
+from contrastive_jax.optimizers import build_optimizer, current_learning_rate, is_temperature
+from contrastive_jax.progress import Progress
+from contrastive_jax.sharding import make_mesh
+
+MOCO_KEYS = ("key_params", "key_rest", "queue", "queue_pointer")
+
+
+def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
+    """``config.total_steps`` if set, else ``ceil(num_epochs * train_size / batch_size)``."""
+    if config.get("total_steps", 0):
+        return int(config.total_steps)
+    steps = math.ceil(config.num_epochs * train_size / config.data.batch_size)
+    if steps < 1:
+        raise ValueError("set total_steps or num_epochs > 0")
+    return steps
+
+
+def create_state(config: ml_collections.ConfigDict, steps: int):
+    """``(graphdef, state, tx)``: the model split into its graph and state, a fresh state."""
+    model = build_model(config.model, nnx.Rngs(config.seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = build_optimizer(config.optimizer, steps, params)
+    state = {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "rest": rest,
+        "opt_state": tx.init(params),
+        "rng": jax.random.key_data(jax.random.key(config.seed)),
+        "skipped": jnp.zeros((), jnp.int32),
+    }
+    if config.model.name == "moco":
+        moco.check_queue_size(config.model.queue_size, config.data.batch_size)
+        dim = model.head.out_features
+        state["key_params"] = jax.tree.map(jnp.copy, params)
+        state["key_rest"] = jax.tree.map(jnp.copy, rest)
+        state["queue"] = moco.init_queue(jax.random.key(config.seed + 1),
+                                         config.model.queue_size, dim)
+        state["queue_pointer"] = jnp.zeros((), jnp.int32)
+    return graphdef, state, tx
+
+
+def clamp_log_scale(params, max_scale: float):
+    """The learnable ``log_scale`` clamped at ``log(max_scale)`` after each update (000 P8).
+
+    The loss already caps the scale (with zero gradient above the cap); clamping the
+    parameter too, as open_clip does, lets it move again as soon as the gradient says so.
+    """
+    top = math.log(max_scale)
+
+    def clamp(path, leaf):
+        if is_temperature(path) and path[0].key == "log_scale":
+            return jnp.minimum(leaf, top)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(clamp, params)
+
+
+def train_step(state: dict, batch: dict, *, graphdef, tx: optax.GradientTransformation,
+               ctx: Context, momentum: float = 0.0,
+               learning_rate: optax.Schedule | None = None) -> tuple[dict, dict]:
+    """One optimisation step; a pure function of the state and the batch.
+
+    The step's key is ``fold_in(state["rng"], state["step"])`` (augmentations, dropout), so a
+    resumed run draws the same keys. A non-finite loss or gradient skips the update (the step
+    counter and ``skipped`` advance, nothing else changes).
+    """
+    objective = objective_for(ctx.loss.name)
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+    extras = {k: state[k] for k in MOCO_KEYS if k in state}
+
+    def loss_fn(params):
+        model = nnx.merge(graphdef, params, state["rest"], copy=True)
+        loss, metrics, outputs = objective(model, batch, rng, extras, ctx)
+        return loss, (metrics, outputs, nnx.state(model, nnx.Not(nnx.Param)))
+
+    (loss, (metrics, outputs, rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = clamp_log_scale(optax.apply_updates(state["params"], updates), ctx.loss.max_scale)
+    new = dict(state, params=params, rest=rest, opt_state=opt_state)
+    if "queue" in state:
+        new["key_params"] = moco.momentum_update(state["key_params"], params, momentum)
+        new["key_rest"] = outputs["key_rest"]
+        new["queue"], new["queue_pointer"] = moco.enqueue(
+            state["queue"], state["queue_pointer"], l2_normalize(outputs["keys"]))
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
+    new["step"] = state["step"] + 1
+    new["skipped"] = state["skipped"] + (~finite).astype(jnp.int32)
+    metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+               "skipped": new["skipped"].astype(jnp.float32)}
+    if learning_rate is not None:
+        metrics["learning_rate"] = learning_rate(state["step"])
+    return new, metrics
+
+
+def _replicated(mesh: Mesh, tree):
+    return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
+
+
+def make_context(config, mesh: Mesh, graphdef) -> Context:
+    """What the objective needs from the config (static under ``jit``)."""
+    augment = config.get("augment")
+    return Context(loss=LossSettings.from_config(config.loss), mesh=mesh,
+                   input_key=config.input_key, text_key=config.get("text_key", "caption"),
+                   augment=None if augment is None else augment.to_dict(), graphdef=graphdef)
+
+
+def compiled_step(config, mesh, graphdef, state, tx, steps: int):
+    """``train_step`` jitted over the mesh: state replicated (donated), batch on ``data``."""
+    ctx = make_context(config, mesh, graphdef)
+    momentum = config.model.get("momentum", 0.0)
+    schedule = functools.partial(current_learning_rate, config.optimizer.to_dict(), steps)
+    step = functools.partial(train_step, graphdef=graphdef, tx=tx, ctx=ctx, momentum=momentum,
+                             learning_rate=schedule)
+    shardings = _replicated(mesh, state)
+    return jax.jit(step, out_shardings=(shardings, NamedSharding(mesh, P())),
+                   donate_argnums=0)
+
+
+def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Frozen encoder features and labels of every example of ``split`` (inference mode)."""
+
+    @jax.jit
+    def features(params, rest, x):
+        return nnx.merge(graphdef, params, rest).features(x)
+
+    feats, labels = [], []
+    for batch in eval_iterator(config.data, mesh, split=split):
+        f = features(state["params"], state["rest"], batch[config.input_key])
+        f, y, mask = multihost_utils.process_allgather((f, batch["label"], batch["mask"]),
+                                                       tiled=True)
+        mask = np.asarray(mask, bool)
+        feats.append(np.asarray(f)[mask])
+        labels.append(np.asarray(y)[mask])
+    return np.concatenate(feats), np.concatenate(labels)
+
+
+def evaluate(graphdef, state, config, mesh) -> dict:
+    """Linear probe and kNN accuracy of the frozen encoder (train split -> test split)."""
+    ev = config.evaluation
+    train_x, train_y = extract_features(graphdef, state, config, mesh, config.data.train_split)
+    test_x, test_y = extract_features(graphdef, state, config, mesh, config.data.eval_split)
+    probe = evaluation.linear_probe(train_x, train_y, test_x, test_y, l2_grid=ev.l2_grid)
+    knn = evaluation.knn_accuracy(train_x, train_y, test_x, test_y, k=ev.knn_k,
+                                  temperature=ev.knn_temperature)
+    return {"linear_probe": probe["accuracy"], "linear_probe_l2": probe["l2"], "knn": knn}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results."""
+    start = time.perf_counter()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    train_size = len(open_split(config.data.name, config.data.train_split,
+                                config.data.data_dir or None,
+                                config.data.options.to_dict() or None))
+    steps = total_steps(config, train_size)
+    graphdef, state, tx = create_state(config, steps)
+    state = jax.device_put(state, _replicated(mesh, state))
+    stream = train_iterator(config.data, mesh)
+    ckpt = checkpointing.manager(workdir, every=config.checkpoint_every,
+                                 keep=config.keep_checkpoints)
+    state, resumed = checkpointing.restore_latest(ckpt, state, stream)
+    first = int(state["step"])
+    progress = Progress(workdir, steps, config.data.batch_size, config.log_every, first)
+    progress.message(f"{'resumed from step ' + str(resumed) if resumed is not None else 'start'}"
+                     f": {steps} steps of {config.data.batch_size} on {mesh.devices.size} "
+                     f"devices ({jax.process_count()} processes), workdir {workdir}")
+    step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
+    history, metrics = [], {}
+    train_start = time.perf_counter()  # reset after the first step: excludes compilation
+    for step in range(first + 1, steps + 1):
+        batch = next(stream)
+        state, metrics = step_fn(state, batch)
+        if step == first + 1:  # compiled: time the rest
+            jax.block_until_ready(metrics)
+            progress.restart_clock(step)
+            train_start = time.perf_counter()
+        if progress.due(step):
+            progress.log_train(step, jax.device_get(metrics))
+        checkpointing.save(ckpt, step, state, stream, force=step == steps)
+        every = config.evaluation.every if config.evaluation.enabled else 0
+        if every and step % every == 0 and step != steps:
+            result = {"step": step, "wall_s": time.perf_counter() - start,
+                      **evaluate(graphdef, state, config, mesh)}
+            history.append(result)
+            progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
+            progress.message(f"eval at step {step}: linear probe {result['linear_probe']:.4f}, "
+                             f"kNN {result['knn']:.4f}")
+    ckpt.wait_until_finished()
+    train_time = time.perf_counter() - train_start
+    final = evaluate(graphdef, state, config, mesh) if config.evaluation.enabled else {}
+    history.append({"step": steps, "wall_s": time.perf_counter() - start, **final})
+    progress.scalars("eval", steps, {k: v for k, v in history[-1].items() if k != "step"})
+    results = {
+        "steps": steps,
+        "resumed_from": resumed,
+        "global_batch": config.data.batch_size,
+        "devices": int(mesh.devices.size),
+        "processes": jax.process_count(),
+        "train_time_s": round(train_time, 2),
+        "wall_time_s": round(time.perf_counter() - start, 2),
+        **final,
+        "final_train_metrics": {k: float(np.asarray(v)) for k, v in jax.device_get(
+            metrics).items()},
+        "evaluations": history,
+    }
+    if jax.process_index() == 0:
+        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "linear_probe_l2")
+    progress.message(f"done in {results['wall_time_s']:.0f} s"
+                     f"{': ' + summary if summary else ''} -> {workdir / 'results.json'}")
+    progress.close()
+    ckpt.close()
+    return results

@@ -1,0 +1,197 @@
+"""The trainer on 8 CPU devices: every config learns, data parallelism is exact, resume is exact."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from contrastive_jax import checkpointing, train
+from contrastive_jax.data import train_iterator
+from contrastive_jax.sharding import make_mesh
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_config(spec: str):
+    """``configs/NAME.py[:variant]`` -> the ConfigDict, as ``--config`` would load it."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("cfg", REPO / "configs" / path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+_COMPILED = {}
+
+
+def setup(spec: str, devices: int = 8, steps: int = 12, **loss):
+    """``(config, mesh, graphdef, fresh state, compiled step)``; one compile per setting."""
+    config = load_config(spec)
+    config.optimizer.learning_rate = 3e-3
+    config.loss.update(loss)
+    mesh = make_mesh({"data": devices}, jax.devices()[:devices])
+    graphdef, state, tx = train.create_state(config, steps)
+    state = jax.device_put(state, train._replicated(mesh, state))
+    key = (spec, devices, steps, tuple(sorted(loss.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = train.compiled_step(config, mesh, graphdef, state, tx, steps)
+    return config, mesh, graphdef, state, _COMPILED[key]
+
+
+def replicated_copy(tree, mesh):
+    return jax.device_put(jax.tree.map(jnp.copy, tree), train._replicated(mesh, tree))
+
+
+@pytest.mark.parametrize("spec", [
+    "simclr_mnist1d.py:quick", "moco_mnist1d.py:quick", "clip_mnist1d.py:quick",
+    "clip_mnist1d.py:quick,loss=siglip", "mi_gaussian.py:quick",
+    "simclr_mnist1d.py:quick,strategy=ring"])
+def test_every_config_learns_on_eight_devices(spec):
+    """12 steps on one batch; before each, the step counter (hence the augmentation key) and
+    MoCo's key encoder and queue are reset, so the reported loss is the loss of the same
+    problem each time, and it must fall."""
+    config, mesh, _, state, step = setup(spec)
+    assert mesh.devices.size == 8
+    batch = next(train_iterator(config.data, mesh))
+    fixed = replicated_copy({k: state[k] for k in ("step", *train.MOCO_KEYS) if k in state},
+                            mesh)
+    losses = []
+    for _ in range(13):
+        state = {**state, **replicated_copy(fixed, mesh)}
+        state, metrics = step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert np.all(np.isfinite(losses)) and int(state["skipped"]) == 0
+    assert losses[-1] < losses[0] - 0.05, (spec, losses)
+    for key in ("top1", "mi_bound", "embedding_norm", "grad_norm", "learning_rate"):
+        assert np.isfinite(float(metrics[key])), key
+
+
+def test_clamped_log_scale_and_skipped_non_finite_step():
+    config, mesh, _, state, step = setup("clip_mnist1d.py:quick")
+    state["params"]["log_scale"] = state["params"]["log_scale"].replace(
+        jax.device_put(jnp.float32(7.0), train._replicated(mesh, jnp.float32(0))))
+    batch = next(train_iterator(config.data, mesh))
+    state, _ = step(state, batch)
+    assert float(state["params"]["log_scale"][...]) == pytest.approx(np.log(100.0))
+    poisoned = dict(batch, signal=batch["signal"].at[0].set(jnp.nan))
+    before = jax.device_get(state["params"])
+    state, metrics = step(state, poisoned)
+    assert int(state["skipped"]) == 1 and int(state["step"]) == 2
+    assert not np.isfinite(float(metrics["loss"]))
+    for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(before),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_data_parallel_step_equals_single_device_step():
+    """8 devices (ring loss, BatchNorm over the global batch) == 1 device, one step."""
+    results = []
+    for devices, strategy in ((1, ""), (8, "ring")):
+        config, mesh, _, state, step = setup("simclr_mnist1d.py:quick", devices, steps=6,
+                                             impl="tiled", strategy=strategy)
+        batch = next(train_iterator(config.data, mesh))
+        state, metrics = step(state, batch)
+        results.append((jax.device_get(state), float(metrics["loss"])))
+    (single, loss1), (multi, loss8) = results
+    assert abs(loss8 - loss1) <= 1e-5 * abs(loss1)
+    for key in ("params", "rest"):  # updated weights and BatchNorm statistics
+        for a, b in zip(jax.tree.leaves(multi[key]), jax.tree.leaves(single[key]), strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+
+
+def test_restored_checkpoint_gives_the_identical_next_step(tmp_path):
+    # MoCo has the richest state: key encoder, queue and its pointer
+    config, mesh, _, state, step = setup("moco_mnist1d.py:quick")
+    stream = train_iterator(config.data, mesh)
+    for _ in range(2):
+        state, _ = step(state, next(stream))
+    manager = checkpointing.manager(tmp_path, every=1, keep=2)
+    checkpointing.save(manager, 2, state, stream, force=True)
+    manager.wait_until_finished()
+    continued, _ = step(state, next(stream))
+    continued = jax.device_get(continued)
+
+    _, _, _, fresh, _ = setup("moco_mnist1d.py:quick")
+    fresh_stream = train_iterator(config.data, mesh)
+    restored, at = checkpointing.restore_latest(manager, fresh, fresh_stream)
+    assert at == 2 and int(restored["step"]) == 2
+    resumed, _ = step(restored, next(fresh_stream))
+    for a, b in zip(jax.tree.leaves(jax.device_get(resumed)), jax.tree.leaves(continued),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)  # bit-identical
+    manager.close()
+
+
+def test_command_line_runs_reports_and_resumes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run = subprocess.run(
+        [sys.executable, "-m", "contrastive_jax.main",
+         "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path}",
+         "--config.total_steps=4", "--config.checkpoint_every=2"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "step      4/4 | loss" in run.stdout and "ex/s | ETA" in run.stdout
+    assert "linear_probe" in run.stdout
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert first["steps"] == 4 and first["resumed_from"] is None and first["devices"] == 1
+    assert 0.1 < first["linear_probe"] <= 1 and 0.1 < first["knn"] <= 1
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["prefix"] == "train"] == [2, 4]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    # the same workdir, now on 8 devices and with more steps: resumes from step 4
+    config = load_config("simclr_mnist1d.py:quick")
+    config.total_steps = 6
+    second = train.train_and_evaluate(config, str(tmp_path))
+    assert second["resumed_from"] == 4 and second["steps"] == 6 and second["devices"] == 8
+    assert max(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+               if p.name.isdigit()) == 6
+    bad = subprocess.run(
+        [sys.executable, "-m", "contrastive_jax.main",
+         "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path}/x",
+         "--config.data.batchsize=4"], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=300)
+    assert bad.returncode != 0 and "batchsize" in bad.stderr
+
+
+class CocoLikeForTests(tfds.core.GeneratorBasedBuilder):
+    """Variable-size RGB images with lists of captions, like coco_captions."""
+
+    name = "coco_like_for_tests"
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+            "image": tfds.features.Tensor(shape=(None, None, 3), dtype=np.uint8,
+                                          encoding=tfds.features.Encoding.ZLIB),
+            "captions": tfds.features.Sequence({"text": tfds.features.Text()})}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(32)}
+
+    def _generate_examples(self, n):
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            image = rng.integers(0, 256, (40 + i, 48 + 2 * i, 3), dtype=np.uint8)
+            yield i, {"image": image, "captions": {"text": [f"a photo of the digit {i % 10}",
+                                                            "another caption"]}}
+
+
+def test_pod_template_runs_one_step_at_tiny_size(tmp_path):
+    data_dir = tmp_path / "tfds"
+    CocoLikeForTests(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
+    config = load_config("clip_vit_b16_pod.py:tiny,data=coco_like_for_tests")
+    assert config.loss.strategy == "ring"
+    config.data.data_dir = str(data_dir)
+    results = train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert results["steps"] == 1 and results["devices"] == 8
+    assert np.isfinite(results["final_train_metrics"]["loss"])
+    full = load_config("clip_vit_b16_pod.py")  # the real template's numbers
+    assert full.data.batch_size == 32768 and full.model.sample_encoder.width == 768
