@@ -14,7 +14,7 @@ from contrastive_jax.config_base import base_config, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    v = parse(arg, batch=512, epochs=200.0, temperature=0.2, learn_temperature=False,
+    v = parse(arg, batch=256, epochs=50.0, temperature=0.2, learn_temperature=False,
               strategy="", seed=0, quick=False)
     config = base_config()
     config.seed = v.seed
@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "name": "simclr",
         "encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
                     "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256,
-                    "pool": "flatten"},
+                    "pool": "mean"},
         "head": {"hidden": 256, "out": 128, "layers": 2},
         "learn_temperature": v.learn_temperature,
         "init_temperature": v.temperature,
@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    "strategy": v.strategy}
     config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 50,
                         "weight_decay": 1e-4}
+    config.log_every = 100
     if v.quick:
         config.data.batch_size = 64
         config.total_steps = 6

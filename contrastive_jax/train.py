@@ -47,6 +47,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax import checkpointing, evaluation
 from contrastive_jax.data import eval_iterator, open_split, train_iterator
+from contrastive_jax.data.correlated_gaussians import mutual_information
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.models import build_model, moco
 from contrastive_jax.objectives import Context, LossSettings, objective_for
@@ -222,7 +223,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                      f": {steps} steps of {config.data.batch_size} on {mesh.devices.size} "
                      f"devices ({jax.process_count()} processes), workdir {workdir}")
     step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
-    history, metrics = [], {}
+    history, metrics, eval_time = [], {}, 0.0
     train_start = time.perf_counter()  # reset after the first step: excludes compilation
     for step in range(first + 1, steps + 1):
         batch = next(stream)
@@ -236,16 +237,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         checkpointing.save(ckpt, step, state, stream, force=step == steps)
         every = config.evaluation.every if config.evaluation.enabled else 0
         if every and step % every == 0 and step != steps:
-            result = {"step": step, "wall_s": time.perf_counter() - start,
+            eval_start = time.perf_counter()
+            result = {"step": step, "wall_s": round(eval_start - start, 2),
+                      "train_s": round(eval_start - train_start - eval_time, 2),
                       **evaluate(graphdef, state, config, mesh)}
+            eval_time += time.perf_counter() - eval_start
+            progress.restart_clock(step)  # examples/s counts training only
             history.append(result)
             progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
             progress.message(f"eval at step {step}: linear probe {result['linear_probe']:.4f}, "
                              f"kNN {result['knn']:.4f}")
     ckpt.wait_until_finished()
-    train_time = time.perf_counter() - train_start
+    train_time = time.perf_counter() - train_start - eval_time
     final = evaluate(graphdef, state, config, mesh) if config.evaluation.enabled else {}
-    history.append({"step": steps, "wall_s": time.perf_counter() - start, **final})
+    history.append({"step": steps, "wall_s": round(time.perf_counter() - start, 2),
+                    "train_s": round(train_time, 2), **final})
     progress.scalars("eval", steps, {k: v for k, v in history[-1].items() if k != "step"})
     results = {
         "steps": steps,
@@ -260,6 +266,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             metrics).items()},
         "evaluations": history,
     }
+    source = open_split(config.data.name, config.data.train_split,
+                        config.data.data_dir or None, config.data.options.to_dict() or None)
+    if hasattr(source, "rho"):  # correlated_gaussians: the true value the bound estimates
+        results["true_mutual_information"] = mutual_information(source.dim, source.rho)
     if jax.process_index() == 0:
         (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     summary = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "linear_probe_l2")

@@ -31,3 +31,16 @@ def test_gradcheck_script_writes_markdown(tmp_path):
     for line in table:
         f64 = float(line.rstrip(" |").split("|")[-1])
         assert f64 < 1e-10, line
+
+
+def test_time_to_accuracy_script_quick(tmp_path):
+    spec = importlib.util.spec_from_file_location("tta", ROOT / "experiments" /
+                                                  "time_to_accuracy.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "tta"
+    assert script.main(["--quick", "--seeds", "0", "--target", "0.0", "--out", str(out)]) == 0
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 4  # steps 2, 4, 6
+    table = out.with_suffix(".md").read_text()
+    assert "| 0 | 6 |" in table and "not reached" not in table

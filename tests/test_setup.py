@@ -35,3 +35,9 @@ def test_ruff_is_clean():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_readme_first_command_runs_the_main_job_config():
+    first = _quick_start_commands()[0]
+    assert "-m contrastive_jax.main --config=configs/simclr_mnist1d.py --workdir=" in first
+    assert (ROOT / "configs" / "simclr_mnist1d.py").is_file()

@@ -195,3 +195,11 @@ def test_pod_template_runs_one_step_at_tiny_size(tmp_path):
     assert np.isfinite(results["final_train_metrics"]["loss"])
     full = load_config("clip_vit_b16_pod.py")  # the real template's numbers
     assert full.data.batch_size == 32768 and full.model.sample_encoder.width == 768
+
+
+def test_mutual_information_run_reports_the_true_value(tmp_path):
+    config = load_config("mi_gaussian.py:quick,mi=6")
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert results["true_mutual_information"] == pytest.approx(6.0)
+    bound = results["final_train_metrics"]["mi_bound"]
+    assert bound <= np.log(config.data.batch_size) + 1e-6  # never above log N (002 A.12.10)

@@ -32,6 +32,7 @@ Array = jax.Array
 
 LIMITS: dict[str, tuple[float, bool]] = {
     "resized_crop": (1.0, False),
+    "roll": (1.0, True),
     "shift": (1.0, True),
     "flip": (1.0, True),
     "cutout": (1.0, True),
@@ -153,6 +154,18 @@ def shift(x: Array, offset: Array | int) -> Array:
     return x[jnp.clip(jnp.arange(n) - offset, 0, n - 1)]
 
 
+def roll(x: Array, offset: Array | int) -> Array:
+    """Circular shift by an integer ``offset`` along time: ``y[t] = x[(t - offset) mod L]``."""
+    n = x.shape[0]
+    return x[(jnp.arange(n) - offset) % n]
+
+
+def add_trend(x: Array, slope: Array | float) -> Array:
+    """``y[t] = x[t] + slope (t / (L - 1) - 1/2)``: a linear ramp of total rise ``slope``."""
+    n = x.shape[0]
+    return (x + slope * jnp.linspace(-0.5, 0.5, n, dtype=x.dtype)[:, None]).astype(x.dtype)
+
+
 def resized_crop(x: Array, start: Array | float, length: Array | float) -> Array:
     """Crop the window ``[start, start + length)`` (in samples) and stretch it back to ``L``.
 
@@ -199,6 +212,53 @@ def random_shift(x: Array, key: Array, strength: float) -> Array:
     if m == 0:
         return x
     return shift(x, uniform_integer(jax.random.uniform(key, ()), -m, m))
+
+
+def random_roll(x: Array, key: Array, strength: float) -> Array:
+    """Circular shift by an integer offset uniform in ``[-m, m]``, ``m = round(strength L)``.
+
+    Strength: the largest shift as a fraction of the length, in ``[0, 1]``. Unlike
+    :func:`random_shift` nothing is filled in: samples leaving one end re-enter at the other
+    (:func:`roll`), as MNIST-1D's generator translates its padded templates, so the values are
+    a permutation of the input's. 0 (and anything below ``0.5 / L``) is the identity.
+    """
+    m = integer_extent(check_strength("roll", strength, *LIMITS["roll"]), x.shape[0])
+    if m == 0:
+        return x
+    return roll(x, uniform_integer(jax.random.uniform(key, ()), -m, m))
+
+
+def random_trend(x: Array, key: Array, strength: float) -> Array:
+    """Add a linear ramp of total rise ``a ~ U[-s, s]`` over the signal (:func:`add_trend`).
+
+    Strength ``s >= 0``, in the signal's units: MNIST-1D's generator shears its templates
+    (a linear trend of random slope); this makes the views disagree on it. 0 is the identity;
+    the change is at most ``s / 2``.
+    """
+    s = check_strength("trend", strength)
+    if s == 0:
+        return x
+    return add_trend(x, jax.random.uniform(key, (), x.dtype, -s, s))
+
+
+CORRELATED_NOISE_SIGMA = 1.1  # samples: MNIST-1D's correlated noise (sigma 2 of 72 samples)
+
+
+def correlated_noise(x: Array, key: Array, strength: float) -> Array:
+    """Add smooth Gaussian noise: white noise blurred (sigma 1.1 samples), rescaled to std ``s``.
+
+    Strength ``s >= 0``: the noise's standard deviation in the signal's units. MNIST-1D adds
+    such correlated noise to every signal; fresh draws of it are a nuisance the views should
+    not agree on. 0 is the identity.
+    """
+    s = check_strength("corr_noise", strength)
+    if s == 0:
+        return x
+    radius = blur_radius(CORRELATED_NOISE_SIGMA)
+    taps = jnp.exp(-0.5 * (jnp.arange(-radius, radius + 1) / CORRELATED_NOISE_SIGMA) ** 2)
+    gain = jnp.sqrt(jnp.sum((taps / taps.sum()) ** 2))  # std of blurred unit white noise
+    e = blur(jax.random.normal(key, x.shape, jnp.float32), CORRELATED_NOISE_SIGMA, radius)
+    return (x + (s / gain) * e).astype(x.dtype)
 
 
 def random_resized_crop(x: Array, key: Array, strength: float) -> Array:
@@ -299,12 +359,15 @@ def random_cutout(x: Array, key: Array, strength: float) -> Array:
 
 OPS: dict[str, Callable[[Array, Array, float], Array]] = {
     "resized_crop": random_resized_crop,
+    "roll": random_roll,
     "shift": random_shift,
     "flip": random_flip,
     "brightness": random_brightness,
     "contrast": random_contrast,
+    "trend": random_trend,
     "blur": random_blur,
     "noise": gaussian_noise,
+    "corr_noise": correlated_noise,
     "cutout": random_cutout,
 }
 """The signal ops by config name, in the order they are applied."""
