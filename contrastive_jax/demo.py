@@ -1,6 +1,7 @@
 """A two-minute tour of the loss library: every loss on a synthetic batch, then the gradient check.
 
     python -m contrastive_jax.demo [--batch 256] [--dim 8] [--rho 0.5] [--quick]
+        [--skip-gradcheck]
 
 Prints each loss (with each of its implementations), the InfoNCE bound on the
 mutual information of the synthetic pairs, and the table of every analytic gradient formula
@@ -69,9 +70,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--rho", type=float, default=0.5, help="per-dimension correlation")
     parser.add_argument("--quick", action="store_true", help="one small shape in the gradcheck")
+    parser.add_argument("--skip-gradcheck", action="store_true",
+                        help="only the losses (experiments/gradcheck.py writes the table)")
     args = parser.parse_args(argv)
     print(f"contrastive_jax demo on {jax.device_count()} {jax.devices()[0].platform} device(s)\n")
     show_losses(args.batch, args.dim, args.rho)
+    if args.skip_gradcheck:
+        return
     shapes = ((3, 2),) if args.quick else gradcheck.DEFAULT_SHAPES
     print(f"Gradient check: every closed form vs jax.grad, shapes (n, d) in {list(shapes)}")
     start = time.time()

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, summary = [], []
     for seed in args.seeds:
         config = load_config(args.config, f"seed={seed}" + (",quick" if args.quick else ""))
-        config.evaluation.every = 2 if args.quick else args.every
+        config.evaluation.every = 3 if args.quick else args.every
         with tempfile.TemporaryDirectory() as workdir:
             result = train_and_evaluate(config, workdir)
         for ev in result["evaluations"]:

@@ -9,12 +9,12 @@ from contrastive_jax.gradcheck import CHECKS
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_demo_prints_losses_and_the_gradient_table(capsys):
-    demo.main(["--quick", "--batch", "16"])
+def test_demo_prints_every_loss(capsys):
+    # the gradient table the demo prints next is the gradcheck script's, tested below
+    demo.main(["--batch", "16", "--skip-gradcheck"])
     out = capsys.readouterr().out
-    for name in ("clip_loss (impl=analytic)", "nt_xent", "moco_infonce", "000 P9.5", "002 A.12.8"):
+    for name in ("clip_loss (impl=analytic)", "nt_xent", "moco_infonce"):
         assert name in out
-    assert "below 1e-10" in out
 
 
 def test_gradcheck_script_writes_markdown(tmp_path):
@@ -41,6 +41,6 @@ def test_time_to_accuracy_script_quick(tmp_path):
     out = tmp_path / "tta"
     assert script.main(["--quick", "--seeds", "0", "--target", "0.0", "--out", str(out)]) == 0
     rows = out.with_suffix(".csv").read_text().splitlines()
-    assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 4  # steps 2, 4, 6
+    assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 3  # steps 3, 6
     table = out.with_suffix(".md").read_text()
     assert "| 0 | 6 |" in table and "not reached" not in table
