@@ -89,6 +89,7 @@ def prepare(name: str, data_dir: str | None = None, *,
         start = time.perf_counter()
         if verbose:
             print(f"preparing {name} in {data_dir} (once) ...", file=sys.stderr, flush=True)
+        tfds.disable_progress_bar()  # our one line instead of TFDS's per-split bars
         builder.download_and_prepare(
             file_format="array_record",
             download_config=tfds.download.DownloadConfig(try_download_gcs=False))
