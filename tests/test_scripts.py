@@ -17,7 +17,12 @@ def test_demo_prints_every_loss(capsys):
         assert name in out
 
 
-def test_gradcheck_script_writes_markdown(tmp_path):
+def test_gradcheck_script_writes_markdown(tmp_path, monkeypatch):
+    # every check's numbers are tested in test_analytic.py; here the script's plumbing, on a
+    # few checks (one row per check, float64 errors below 1e-10)
+    from contrastive_jax import gradcheck
+
+    monkeypatch.setattr(gradcheck, "CHECKS", CHECKS[:4])
     spec = importlib.util.spec_from_file_location("gradcheck_script",
                                                   ROOT / "experiments" / "gradcheck.py")
     script = importlib.util.module_from_spec(spec)
@@ -27,7 +32,7 @@ def test_gradcheck_script_writes_markdown(tmp_path):
     lines = out.read_text().splitlines()
     table = [line for line in lines
              if line.startswith("| ") and "source" not in line and "---" not in line]
-    assert len(table) == len(CHECKS)
+    assert len(table) == 4
     for line in table:
         f64 = float(line.rstrip(" |").split("|")[-1])
         assert f64 < 1e-10, line
