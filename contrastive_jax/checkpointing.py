@@ -36,15 +36,56 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
         data=grain.checkpoint.CheckpointSave(data_iterator)), force=force)
 
 
-def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator):
-    """``(state, step)`` from the latest checkpoint (the iterator is restored in place), or
-    ``(state_template, None)`` when there is none. ``state_template`` gives the structure,
-    shapes, dtypes and shardings."""
-    step = mgr.latest_step()
-    if step is None:
+class CheckpointError(RuntimeError):
+    """No checkpoint in the workdir can be restored into this run's state."""
+
+
+def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
+                   warn=print):
+    """``(state, step)`` from the newest restorable checkpoint (the iterator is restored in
+    place), or ``(state_template, None)`` when there is none.
+
+    ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint that
+    cannot be read (truncated, corrupted) is skipped with a warning and the previous one is
+    tried. If none can be read: :class:`CheckpointError`, which says whether the checkpoints
+    hold a model of a different shape (a different config) or are all damaged.
+    """
+    steps = sorted(mgr.all_steps(), reverse=True)
+    if not steps:
         return state_template, None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
-    restored = mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract),
-        data=grain.checkpoint.CheckpointRestore(data_iterator)))
-    return restored["state"], step
+    failures = []
+    for step in steps:
+        try:
+            restored = mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract),
+                data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        except Exception as err:
+            failures.append((step, err))
+            warn(f"warning: checkpoint {step} in {mgr.directory} cannot be restored "
+                 f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                 "trying the previous one")
+            continue
+        return restored["state"], step
+    raise CheckpointError(_explain(mgr, steps, state_template, failures))
+
+
+def _explain(mgr, steps, state_template, failures) -> str:
+    want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(state_template))
+    try:
+        meta = mgr.item_metadata(steps[0])["state"]
+        tree = getattr(meta, "tree", meta)
+        have = sorted(tuple(m.shape) for m in jax.tree.leaves(tree) if hasattr(m, "shape"))
+    except Exception:
+        have = None
+    if have is not None and have != want:
+        extra = sorted(set(have) - set(want))[:3]
+        missing = sorted(set(want) - set(have))[:3]
+        return (f"the checkpoints in {mgr.directory} (steps {steps}) hold a model of a "
+                f"different shape than this config builds (shapes only there: {extra}; only in "
+                f"this config: {missing}). Use a new --workdir, or the config that wrote them.")
+    last = failures[0][1]
+    return (f"none of the checkpoints in {mgr.directory} (steps {steps}) can be restored; the "
+            f"newest failed with {type(last).__name__}: {str(last).splitlines()[0][:300]}. "
+            "Delete the damaged step folders to start over from the last good one, or use a "
+            "new --workdir.")

@@ -53,6 +53,7 @@ def base_config() -> ml_collections.ConfigDict:
         "log_every": 50,
         "checkpoint_every": 500,
         "keep_checkpoints": 3,
+        "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
         "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)},
         "mesh": {"data": -1},

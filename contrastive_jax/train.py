@@ -29,6 +29,7 @@ global arrays or a sharded loss (``loss.strategy``), both exact over the global 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -52,8 +53,9 @@ from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.models import build_model, moco
 from contrastive_jax.objectives import Context, LossSettings, objective_for
 from contrastive_jax.optimizers import build_optimizer, current_learning_rate, is_temperature
+from contrastive_jax.preemption import StopSignal
 from contrastive_jax.progress import Progress
-from contrastive_jax.sharding import make_mesh
+from contrastive_jax.sharding import DATA_AXIS, check_divisible, make_mesh
 
 MOCO_KEYS = ("key_params", "key_rest", "queue", "queue_pointer")
 
@@ -80,6 +82,7 @@ def create_state(config: ml_collections.ConfigDict, steps: int):
         "opt_state": tx.init(params),
         "rng": jax.random.key_data(jax.random.key(config.seed)),
         "skipped": jnp.zeros((), jnp.int32),
+        "skipped_in_a_row": jnp.zeros((), jnp.int32),
     }
     if config.model.name == "moco":
         moco.check_queue_size(config.model.queue_size, config.data.batch_size)
@@ -115,7 +118,7 @@ def train_step(state: dict, batch: dict, *, graphdef, tx: optax.GradientTransfor
 
     The step's key is ``fold_in(state["rng"], state["step"])`` (augmentations, dropout), so a
     resumed run draws the same keys. A non-finite loss or gradient skips the update (the step
-    counter and ``skipped`` advance, nothing else changes).
+    counter, ``skipped`` and ``skipped_in_a_row`` advance, nothing else changes).
     """
     objective = objective_for(ctx.loss.name)
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
@@ -141,15 +144,41 @@ def train_step(state: dict, batch: dict, *, graphdef, tx: optax.GradientTransfor
     new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
     new["step"] = state["step"] + 1
     new["skipped"] = state["skipped"] + (~finite).astype(jnp.int32)
+    new["skipped_in_a_row"] = jnp.where(finite, 0, state["skipped_in_a_row"] + 1)
     metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
-               "skipped": new["skipped"].astype(jnp.float32)}
+               "skipped": new["skipped"].astype(jnp.float32),
+               "skipped_in_a_row": new["skipped_in_a_row"]}
     if learning_rate is not None:
         metrics["learning_rate"] = learning_rate(state["step"])
     return new, metrics
 
 
+def params_digest(state: dict) -> str:
+    """SHA-256 of the parameters and the other model state (BatchNorm statistics), leaf by leaf
+    in tree order: equal digests mean bit-identical models."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves((state["params"], state["rest"])):
+        value = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        digest.update(str((value.shape, value.dtype.str)).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
 def _replicated(mesh: Mesh, tree):
     return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
+
+
+def _check_finite(step: int, in_a_row, limit: int) -> None:
+    in_a_row = int(in_a_row)
+    if limit and in_a_row >= limit:
+        raise NonFiniteError(
+            f"step {step}: the loss or gradient was non-finite for {in_a_row} steps in a row "
+            f"(each update skipped); stopping. Lower the learning rate, check the data, or "
+            f"raise max_skipped_in_a_row (now {limit}).")
 
 
 def make_context(config, mesh: Mesh, graphdef) -> Context:
@@ -204,9 +233,12 @@ def evaluate(graphdef, state, config, mesh) -> dict:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results."""
     start = time.perf_counter()
+    LossSettings.from_config(config.loss)  # bad loss settings fail before any work
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    check_divisible(config.data.batch_size, jax.process_count(), "processes")
+    check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
     train_size = len(open_split(config.data.name, config.data.train_split,
                                 config.data.data_dir or None,
                                 config.data.options.to_dict() or None))
@@ -216,6 +248,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     stream = train_iterator(config.data, mesh)
     ckpt = checkpointing.manager(workdir, every=config.checkpoint_every,
                                  keep=config.keep_checkpoints)
+    try:
+        return _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start)
+    except BaseException:
+        ckpt.close()  # release orbax's threads and files before the error propagates
+        raise
+
+
+def _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start):
+    """The body of :func:`train_and_evaluate` once the checkpoint manager exists."""
     state, resumed = checkpointing.restore_latest(ckpt, state, stream)
     first = int(state["step"])
     progress = Progress(workdir, steps, config.data.batch_size, config.log_every, first)
@@ -225,28 +266,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
     history, metrics, eval_time = [], {}, 0.0
     train_start = time.perf_counter()  # reset after the first step: excludes compilation
-    for step in range(first + 1, steps + 1):
-        batch = next(stream)
-        state, metrics = step_fn(state, batch)
-        if step == first + 1:  # compiled: time the rest
-            jax.block_until_ready(metrics)
-            progress.restart_clock(step)
-            train_start = time.perf_counter()
-        if progress.due(step):
-            progress.log_train(step, jax.device_get(metrics))
-        checkpointing.save(ckpt, step, state, stream, force=step == steps)
-        every = config.evaluation.every if config.evaluation.enabled else 0
-        if every and step % every == 0 and step != steps:
-            eval_start = time.perf_counter()
-            result = {"step": step, "wall_s": round(eval_start - start, 2),
-                      "train_s": round(eval_start - train_start - eval_time, 2),
-                      **evaluate(graphdef, state, config, mesh)}
-            eval_time += time.perf_counter() - eval_start
-            progress.restart_clock(step)  # examples/s counts training only
-            history.append(result)
-            progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
-            progress.message(f"eval at step {step}: linear probe {result['linear_probe']:.4f}, "
-                             f"kNN {result['knn']:.4f}")
+    limit = config.get("max_skipped_in_a_row", 10)
+    stopped_at, pending = None, None
+    with StopSignal() as stop:
+        for step in range(first + 1, steps + 1):
+            batch = next(stream)
+            state, metrics = step_fn(state, batch)
+            if pending is not None:  # the previous step's guard, read while this one runs
+                _check_finite(*pending, limit)
+            pending = (step, metrics["skipped_in_a_row"])
+            if step == first + 1:  # compiled: time the rest
+                jax.block_until_ready(metrics)
+                progress.restart_clock(step)
+                train_start = time.perf_counter()
+            if progress.due(step):
+                progress.log_train(step, jax.device_get(metrics))
+            if stop.should_stop():
+                _check_finite(*pending, limit)
+                checkpointing.save(ckpt, step, state, stream, force=True)
+                stopped_at = step
+                break
+            checkpointing.save(ckpt, step, state, stream, force=step == steps)
+            every = config.evaluation.every if config.evaluation.enabled else 0
+            if every and step % every == 0 and step != steps:
+                eval_start = time.perf_counter()
+                result = {"step": step, "wall_s": round(eval_start - start, 2),
+                          "train_s": round(eval_start - train_start - eval_time, 2),
+                          **evaluate(graphdef, state, config, mesh)}
+                eval_time += time.perf_counter() - eval_start
+                progress.restart_clock(step)  # examples/s counts training only
+                history.append(result)
+                progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
+                progress.message(f"eval at step {step}: linear probe "
+                                 f"{result['linear_probe']:.4f}, kNN {result['knn']:.4f}")
+        if pending is not None:
+            _check_finite(*pending, limit)
+    if stopped_at is not None:
+        ckpt.wait_until_finished()
+        ckpt.close()
+        progress.message(f"stopped by signal {stop.received} after step {stopped_at}: "
+                         f"checkpoint saved in {workdir / 'checkpoints'}; run the same command "
+                         "to resume")
+        progress.close()
+        return {"steps": steps, "stopped_at": stopped_at, "resumed_from": resumed}
     ckpt.wait_until_finished()
     train_time = time.perf_counter() - train_start - eval_time
     final = evaluate(graphdef, state, config, mesh) if config.evaluation.enabled else {}
@@ -265,6 +327,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         "final_train_metrics": {k: float(np.asarray(v)) for k, v in jax.device_get(
             metrics).items()},
         "evaluations": history,
+        "params_sha256": params_digest(state),
     }
     source = open_split(config.data.name, config.data.train_split,
                         config.data.data_dir or None, config.data.options.to_dict() or None)

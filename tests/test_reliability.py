@@ -1,0 +1,160 @@
+"""Runs survive preemption and damage, stop on persistent NaNs, and explain bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contrastive_jax import train
+from contrastive_jax.checkpointing import CheckpointError
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_train import load_config  # noqa: E402
+
+QUICK = ["--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
+         "--config.log_every=1"]
+
+
+def command(workdir, *extra):
+    return [sys.executable, "-m", "contrastive_jax.main", f"--workdir={workdir}", *QUICK,
+            *extra]
+
+
+def environment():
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
+def digest(workdir) -> str:
+    return json.loads((Path(workdir) / "results.json").read_text())["params_sha256"]
+
+
+def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path):
+    steps = ["--config.total_steps=40", "--config.checkpoint_every=1000"]
+    whole = subprocess.run(command(tmp_path / "whole", *steps), env=environment(), cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+
+    run = subprocess.Popen(command(tmp_path / "cut", *steps), env=environment(), cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "cut" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and run.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+                run.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.05)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, err[-2000:]
+    assert "stopped by signal" in out and "run the same command to resume" in out
+    stopped = int(out.split("after step ")[1].split(":")[0])
+    assert 5 <= stopped < 40
+    saved = sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir()
+                   if p.name.isdigit())
+    assert saved[-1] == stopped  # saved at the step boundary it stopped at
+    resume = subprocess.run(command(tmp_path / "cut", *steps), env=environment(), cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    assert resume.returncode == 0, resume.stderr[-2000:]
+    assert f"resumed from step {stopped}" in resume.stdout
+    assert digest(tmp_path / "cut") == digest(tmp_path / "whole")
+
+
+def quick(**overrides):
+    config = load_config("simclr_mnist1d.py:quick")
+    config.evaluation.enabled = False
+    for key, value in overrides.items():
+        config[key] = value
+    return config
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    latest = tmp_path / "checkpoints" / "6" / "state"
+    for path in latest.rglob("*"):  # corrupt every data file of the newest checkpoint
+        if path.is_file() and path.stat().st_size > 0:
+            path.write_bytes(b"\0" * 7)
+    results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
+                                       str(tmp_path))
+    assert "checkpoint 6" in capsys.readouterr().out and results["resumed_from"] == 3
+
+
+def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_path):
+    train.train_and_evaluate(quick(total_steps=3, checkpoint_every=3), str(tmp_path))
+    wider = quick(total_steps=6)
+    wider.model.encoder.features = 24
+    with pytest.raises(CheckpointError, match=r"different shape.*new --workdir"):
+        train.train_and_evaluate(wider, str(tmp_path))
+    for step in (tmp_path / "checkpoints").iterdir():
+        if step.name.isdigit():
+            shutil.rmtree(step / "state")
+    with pytest.raises(CheckpointError, match=r"none of the checkpoints.*can be restored"):
+        train.train_and_evaluate(quick(total_steps=6), str(tmp_path))
+
+
+def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
+    config = load_config("mi_gaussian.py:quick")
+    config.total_steps = 12
+    config.max_skipped_in_a_row = 3
+    config.optimizer.learning_rate = 1e30  # the first update sends the weights to infinity
+    with pytest.raises(train.NonFiniteError, match=r"step \d+: .* 3 steps in a row"):
+        train.train_and_evaluate(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--config.data.batchsize=8"], 'unknown config key .*Did you mean "batch_size"'),
+    (["--config.loss.temperature=0"], "loss.temperature must be > 0"),
+    (["--config.data.name=cifar10"], "not prepared .*tfds build cifar10"),
+    (["--config.data.batch_size=abc"], "invalid literal for int"),
+])
+def test_bad_input_exits_non_zero_with_a_short_message(tmp_path, extra, message):
+    import re
+
+    run = subprocess.run(command(tmp_path / "w", *extra), env=environment(), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    assert re.search(message, run.stderr, re.S), run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+
+
+def test_global_batch_must_divide_over_the_devices(tmp_path):
+    with pytest.raises(ValueError, match="global batch 12 does not divide by the 8"):
+        train.train_and_evaluate(_batch(12), str(tmp_path))
+
+
+def _batch(size):
+    config = quick(total_steps=2)
+    config.data.batch_size = size
+    return config
+
+
+def test_unwritable_workdir_is_a_short_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    run = subprocess.run(command(blocker / "run"), env=environment(), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "is not writable" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_moco_queue_and_digest():
+    with pytest.raises(ValueError, match="multiple of the global batch"):
+        config = load_config("moco_mnist1d.py:quick")
+        config.model.queue_size = 100
+        train.create_state(config, 6)
+    state = {"params": {"w": np.ones(3, np.float32)}, "rest": {}}
+    bumped = np.array([1, 1, np.nextafter(np.float32(1), np.float32(2))], np.float32)
+    other = {"params": {"w": bumped}, "rest": {}}  # one bit different
+    assert train.params_digest(state) != train.params_digest(other)
+    assert train.params_digest(state) == train.params_digest({**state})
