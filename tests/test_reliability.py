@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -36,22 +37,37 @@ def digest(workdir) -> str:
     return json.loads((Path(workdir) / "results.json").read_text())["params_sha256"]
 
 
-def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path):
-    steps = ["--config.total_steps=40", "--config.checkpoint_every=1000"]
-    whole = subprocess.run(command(tmp_path / "whole", *steps), env=environment(), cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+def load_chaos():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chaos", REPO / "experiments" / "chaos.py")
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    return chaos
+
+
+def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
+    """One uninterrupted run; the same run stopped by SIGTERM, restarted, killed by SIGKILL at
+    a random step (experiments/chaos.py) and restarted again: both end with the same
+    parameter hash (parameters and BatchNorm statistics bit-identical)."""
+    chaos = load_chaos()
+    steps, every = 60, 4
+    config = "configs/simclr_mnist1d.py:quick"
+    whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
+                           env=environment(), cwd=REPO, capture_output=True, text=True,
+                           timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
 
-    run = subprocess.Popen(command(tmp_path / "cut", *steps), env=environment(), cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "cut" / "metrics.jsonl"
+    cut = tmp_path / "cut"
+    run = subprocess.Popen(chaos.command(config, cut, steps, every), env=environment(),
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            if chaos.logged_step(cut) >= 6:
                 run.send_signal(signal.SIGTERM)
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         out, err = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
@@ -60,15 +76,15 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path):
     assert run.returncode == 0, err[-2000:]
     assert "stopped by signal" in out and "run the same command to resume" in out
     stopped = int(out.split("after step ")[1].split(":")[0])
-    assert 5 <= stopped < 40
-    saved = sorted(int(p.name) for p in (tmp_path / "cut" / "checkpoints").iterdir()
-                   if p.name.isdigit())
+    assert 6 <= stopped < steps
+    saved = sorted(int(p.name) for p in (cut / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == stopped  # saved at the step boundary it stopped at
-    resume = subprocess.run(command(tmp_path / "cut", *steps), env=environment(), cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
-    assert resume.returncode == 0, resume.stderr[-2000:]
-    assert f"resumed from step {stopped}" in resume.stdout
-    assert digest(tmp_path / "cut") == digest(tmp_path / "whole")
+    # restart it; kill that run with SIGKILL at a random later step; restart again
+    stats = chaos.run_with_kills(chaos.command(config, cut, steps, every), cut, steps, 1,
+                                 random.Random(0), environment())
+    assert stats["kills"] == 1 and stats["runs"] == 2 and stats["resumes"] == 2, stats
+    assert 0 <= stats["lost"][0] <= every + 2, stats
+    assert digest(cut) == digest(tmp_path / "whole")
 
 
 def quick(**overrides):
