@@ -304,7 +304,8 @@ def _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, star
     if stopped_at is not None:
         ckpt.wait_until_finished()
         ckpt.close()
-        progress.message(f"stopped by signal {stop.received} after step {stopped_at}: "
+        cause = f"signal {stop.received}" if stop.received else "a signal to another process"
+        progress.message(f"stopped by {cause} after step {stopped_at}: "
                          f"checkpoint saved in {workdir / 'checkpoints'}; run the same command "
                          "to resume")
         progress.close()

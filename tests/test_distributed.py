@@ -3,9 +3,11 @@
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -125,3 +127,69 @@ def test_two_processes_match_one_process():
                 assert _rel(got["loss"], expected[0]) <= 1e-5
                 for g, w in zip(got["grads"], expected[1], strict=True):
                     assert _rel(g, w) <= 1e-5, (name, strategy, _rel(g, w))
+
+
+def test_a_dead_process_stops_the_other_within_bounded_time():
+    """Process 1 dies right after start-up; process 0, in the middle of exchanging data with
+    it, must exit non-zero with the coordination service's error within the heartbeat
+    timeout (5 s here), not hang."""
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port, "die"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        start = time.monotonic()
+        out, err = procs[0].communicate(timeout=90)
+        elapsed = time.monotonic() - start
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[1].returncode == 3
+    assert procs[0].returncode != 0 and "never stopped" not in out
+    assert "another task died" in err or "heartbeat timeout" in err, err[-2000:]
+    assert elapsed < 60
+
+
+def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
+    """2 processes x 1 CPU device train together; SIGTERM reaches only process 1. Both must
+    agree on the step, save one checkpoint there and exit 0; the run then resumes from it."""
+    port = str(_free_port())
+    workdir = tmp_path / "run"
+    root = pathlib.Path(__file__).resolve().parents[1]
+
+    def start(i):
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
+                   CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
+        return subprocess.Popen(
+            [sys.executable, "-m", "contrastive_jax.main",
+             "--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
+             "--config.total_steps=400", "--config.checkpoint_every=1000",
+             "--config.log_every=1", "--config.evaluation.enabled=False"],
+            env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    procs = [start(0), start(1)]
+    metrics = workdir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+                procs[1].send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
+    assert "stopped by a signal to another process after step" in outs[0][0]
+    stopped = int(outs[0][0].split("after step ")[1].split(":")[0])
+    assert stopped < 400
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved[-1] == stopped
