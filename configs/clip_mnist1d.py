@@ -12,7 +12,7 @@ logit scale (init 1 / 0.07, capped at 100). Identical captions in a batch are fa
 import ml_collections
 
 from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import base_config, parse
+from contrastive_jax.config_base import TINY_SIGNAL_CNN, base_config, make_quick, parse
 from contrastive_jax.data import captions
 
 
@@ -44,15 +44,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optimizer = {"name": "adamw", "learning_rate": 1e-3, "warmup_steps": 50,
                         "weight_decay": 1e-4, "temperature_lr": 1e-2}
     if v.quick:
-        config.data.batch_size = 64
-        config.total_steps = 6
-        config.log_every = 2
-        config.checkpoint_every = 3
-        config.optimizer.warmup_steps = 1
-        config.loss.impl = "autodiff"  # compiles fastest at this size
-        config.evaluation.l2_grid = (1e-4,)
-        config.model.sample_encoder.channels = (8, 8, 8)
-        config.model.sample_encoder.features = 16
+        make_quick(config)
+        config.model.sample_encoder.update(TINY_SIGNAL_CNN)
         config.model.text_encoder.update({"width": 16, "depth": 1, "heads": 2, "features": 16})
         config.model.embed_dim = 8
     return config

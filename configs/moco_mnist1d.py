@@ -9,7 +9,7 @@ Variants: ``batch``, ``epochs``, ``queue`` (a multiple of ``batch``), ``momentum
 import ml_collections
 
 from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import base_config, parse
+from contrastive_jax.config_base import TINY_SIGNAL_CNN, base_config, make_quick, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -34,15 +34,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 50,
                         "weight_decay": 1e-4}
     if v.quick:
-        config.data.batch_size = 64
         config.model.queue_size = 256
-        config.total_steps = 6
-        config.log_every = 2
-        config.checkpoint_every = 3
-        config.optimizer.warmup_steps = 1
-        config.loss.impl = "autodiff"  # compiles fastest at this size
-        config.evaluation.l2_grid = (1e-4,)
-        config.model.encoder.channels = (8, 8, 8)
-        config.model.encoder.features = 16
+        make_quick(config)
+        config.model.encoder.update(TINY_SIGNAL_CNN)
         config.model.head = {"hidden": 16, "out": 8, "layers": 2}
     return config

@@ -62,3 +62,21 @@ def base_config() -> ml_collections.ConfigDict:
                    "num_processes": placeholder(int), "process_id": placeholder(int),
                    "initialization_timeout_s": 120, "heartbeat_timeout_s": 30},
     })
+
+
+TINY_SIGNAL_CNN = {"channels": (8, 8, 8), "features": 16}
+
+
+def make_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The run-level part of every config's ``quick`` variant (a smoke test in seconds):
+    global batch 64, 6 steps, logs every 2, checkpoints every 3, one warmup step, the dense
+    loss (fastest to compile at this size), one probe regulariser. Each config then shrinks
+    its own model."""
+    config.data.batch_size = 64
+    config.total_steps = 6
+    config.log_every = 2
+    config.checkpoint_every = 3
+    config.optimizer.warmup_steps = 1
+    config.loss.impl = "autodiff"
+    config.evaluation.l2_grid = (1e-4,)
+    return config

@@ -550,3 +550,12 @@ def test_roll_trend_and_correlated_noise_against_numpy():
     assert abs(noise.std() - 0.5) < 0.03
     lag1 = np.corrcoef(noise[:, :-1].ravel(), noise[:, 1:].ravel())[0, 1]
     assert 0.5 < lag1 < 0.9  # sigma 1.1 samples: exp(-1 / (4 * 1.1^2)) = 0.81
+
+
+def test_roll_at_half_the_length_draws_every_rotation_equally():
+    # m = 20 of L = 40: offsets -20..20 would count the rotation by 20 twice
+    x = jnp.arange(40, dtype=jnp.float32)[None, :, None].repeat(4000, axis=0)
+    y = _apply("signal", "roll", np.asarray(x), jax.random.key(9), 0.5)
+    offsets = np.argmin(y[:, :, 0], axis=1)
+    counts = np.bincount(offsets, minlength=40)
+    assert counts.min() > 60 and counts.max() < 140  # 100 expected each

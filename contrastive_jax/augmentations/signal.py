@@ -217,15 +217,20 @@ def random_shift(x: Array, key: Array, strength: float) -> Array:
 def random_roll(x: Array, key: Array, strength: float) -> Array:
     """Circular shift by an integer offset uniform in ``[-m, m]``, ``m = round(strength L)``.
 
-    Strength: the largest shift as a fraction of the length, in ``[0, 1]``. Unlike
+    Strength: the largest shift as a fraction of the length, in ``[0, 1]``; from ``m >= L/2``
+    on every rotation is equally likely (a uniform offset in ``0..L-1``). Unlike
     :func:`random_shift` nothing is filled in: samples leaving one end re-enter at the other
     (:func:`roll`), as MNIST-1D's generator translates its padded templates, so the values are
     a permutation of the input's. 0 (and anything below ``0.5 / L``) is the identity.
     """
-    m = integer_extent(check_strength("roll", strength, *LIMITS["roll"]), x.shape[0])
+    n = x.shape[0]
+    m = integer_extent(check_strength("roll", strength, *LIMITS["roll"]), n)
     if m == 0:
         return x
-    return roll(x, uniform_integer(jax.random.uniform(key, ()), -m, m))
+    u = jax.random.uniform(key, ())
+    if 2 * m + 1 > n:  # offsets -m..m would repeat rotations: every rotation once instead
+        return roll(x, uniform_integer(u, 0, n - 1))
+    return roll(x, uniform_integer(u, -m, m))
 
 
 def random_trend(x: Array, key: Array, strength: float) -> Array:

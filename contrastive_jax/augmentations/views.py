@@ -67,9 +67,9 @@ def default_config(kind: str) -> ml_collections.ConfigDict:
     with SimCLR on MNIST-1D (``configs/simclr_mnist1d.py``), these four are what matters:
 
     * ``roll = 0.5``: circular shifts of up to 20 of 40 samples (the generator's translation).
-    * ``resized_crop = 0.3``: windows of 70-100% stretched back (the template's scale).
+    * ``resized_crop = 0.2``: windows of 80-100% stretched back (the template's scale).
     * ``trend = 2.0``: a linear ramp of rise up to 2 std (the generator's shear).
-    * ``corr_noise = 0.5``: fresh smooth noise of 0.5 std (the generator's correlated noise).
+    * ``corr_noise = 0.3``: fresh smooth noise of 0.3 std (the generator's correlated noise).
 
     Everything else is off: ``flip`` changes the digit (time reversal turns one template into
     another shape), and adding ``shift``, ``noise``, ``cutout`` or amplitude changes on top of
@@ -91,7 +91,7 @@ def default_config(kind: str) -> ml_collections.ConfigDict:
     """
     if kind == "signal":
         strengths = dict(
-            resized_crop=0.3,
+            resized_crop=0.2,
             roll=0.5,
             shift=0.0,
             flip=0.0,
@@ -100,7 +100,7 @@ def default_config(kind: str) -> ml_collections.ConfigDict:
             trend=2.0,
             blur=0.0,
             noise=0.0,
-            corr_noise=0.5,
+            corr_noise=0.3,
             cutout=0.0,
         )
     elif kind == "image":

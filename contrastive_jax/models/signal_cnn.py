@@ -14,8 +14,9 @@ class SignalCNN(nnx.Module):
 
     Input ``(B, L, C)`` float, output ``(B, features)``. Block ``i`` has ``channels[i]``
     filters of width ``kernel_sizes[i]`` and stride ``strides[i]`` ('SAME' padding).
-    ``pool="flatten"`` keeps the positions (MNIST-1D's digits are placed, so position carries
-    information); ``"mean"`` averages them (translation invariant). BatchNorm statistics are
+    ``pool="mean"`` averages over positions (translation invariant: right for MNIST-1D, whose
+    generator translates each digit circularly, so absolute position is a nuisance);
+    ``"flatten"`` keeps them. BatchNorm statistics are
     over the whole global batch when the step runs under ``jit`` on a mesh (SimCLR's global
     BN, 004).
     """

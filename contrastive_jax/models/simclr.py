@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -42,6 +43,6 @@ class SimCLR(nnx.Module):
 
 def _encode(encoder: nnx.Module, x: jax.Array, train: bool, rngs: nnx.Rngs | None):
     # Transformers take dropout keys; conv nets have no dropout.
-    if "rngs" in encoder.__call__.__code__.co_varnames:
+    if "rngs" in inspect.signature(encoder.__call__).parameters:
         return encoder(x, train=train, rngs=rngs)
     return encoder(x, train=train)
