@@ -239,23 +239,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     check_divisible(config.data.batch_size, jax.process_count(), "processes")
     check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
-    train_size = len(open_split(config.data.name, config.data.train_split,
-                                config.data.data_dir or None,
-                                config.data.options.to_dict() or None))
-    steps = total_steps(config, train_size)
+    source = open_split(config.data.name, config.data.train_split,
+                        config.data.data_dir or None, config.data.options.to_dict() or None)
+    steps = total_steps(config, len(source))
     graphdef, state, tx = create_state(config, steps)
     state = jax.device_put(state, _replicated(mesh, state))
     stream = train_iterator(config.data, mesh)
     ckpt = checkpointing.manager(workdir, every=config.checkpoint_every,
                                  keep=config.keep_checkpoints)
     try:
-        return _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start)
+        return _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start,
+                      source)
     except BaseException:
         ckpt.close()  # release orbax's threads and files before the error propagates
         raise
 
 
-def _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start):
+def _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, start, source):
     """The body of :func:`train_and_evaluate` once the checkpoint manager exists."""
     state, resumed = checkpointing.restore_latest(ckpt, state, stream)
     first = int(state["step"])
@@ -330,8 +330,6 @@ def _train(config, workdir, mesh, steps, graphdef, state, tx, stream, ckpt, star
         "evaluations": history,
         "params_sha256": params_digest(state),
     }
-    source = open_split(config.data.name, config.data.train_split,
-                        config.data.data_dir or None, config.data.options.to_dict() or None)
     if hasattr(source, "rho"):  # correlated_gaussians: the true value the bound estimates
         results["true_mutual_information"] = mutual_information(source.dim, source.rho)
     if jax.process_index() == 0:
