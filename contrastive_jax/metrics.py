@@ -15,15 +15,18 @@ MAX_ANCHORS = 256
 
 
 def contrastive_top1(anchors: jax.Array, candidates: jax.Array, positive: jax.Array,
-                     exclude: jax.Array | None = None) -> jax.Array:
+                     exclude: jax.Array | None = None, *, normalize: bool = True) -> jax.Array:
     """Fraction of anchors whose positive candidate has the highest cosine similarity.
 
     anchors (A, d), candidates (K, d), positive (A,) int index of each anchor's positive in
     ``candidates``, exclude (A,) int index to leave out (the anchor itself, NT-Xent's self
-    mask) or None. Ties count as misses.
+    mask) or None. Ties count as misses. ``normalize=False`` ranks by dot product (the logits
+    of a loss without L2 normalisation).
     """
-    a = l2_normalize(jax.lax.stop_gradient(anchors).astype(jnp.float32))
-    c = l2_normalize(jax.lax.stop_gradient(candidates).astype(jnp.float32))
+    a = jax.lax.stop_gradient(anchors).astype(jnp.float32)
+    c = jax.lax.stop_gradient(candidates).astype(jnp.float32)
+    if normalize:
+        a, c = l2_normalize(a), l2_normalize(c)
     sims = a @ c.T
     rows = jnp.arange(a.shape[0])
     if exclude is not None:

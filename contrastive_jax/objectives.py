@@ -9,7 +9,10 @@ The ``loss`` block of a config::
                  sharded strategy: "all_gather" | "all_gather_no_grad" | "ring" (shard_map over
                  the mesh's data axis; exact negatives across devices, contrastive_jax.sharding)
     block_size   tile rows for tiled and sharded losses (0: the default)
-    max_scale    cap on the logit scale, 100 (000 P8)
+    max_scale    cap on the logit scale, 100 (000 P8); ``float("inf")`` removes the cap (the
+                 ablation of 000 P8: nothing then stops a winning model from sharpening)
+    normalize    nt_xent only: False drops the L2 normalisation (dot-product logits z_i.z_j / tau,
+                 SimCLR Table 5's "no l2 norm"; 000 P10); needs impl "autodiff" and no strategy
     direction    clip only: "both" (symmetric, 001) | "x_to_y" | "y_to_x" (one-directional
                  InfoNCE, the mutual-information estimator of 002 A.12.10)
 
@@ -53,6 +56,7 @@ class LossSettings:
     block_size: int = 0
     max_scale: float = 100.0
     direction: str = "both"
+    normalize: bool = True
 
     def __post_init__(self):
         if self.name not in OBJECTIVES:
@@ -65,6 +69,14 @@ class LossSettings:
         if self.strategy and self.name not in ("nt_xent", "clip"):
             raise ValueError(f"loss.strategy applies to nt_xent and clip; {self.name} runs on "
                              "the global arrays (set loss.strategy = '')")
+        if not self.normalize and (self.name != "nt_xent" or self.impl != "autodiff"
+                                   or self.strategy):
+            raise ValueError("loss.normalize = False (dot-product logits) is an nt_xent ablation "
+                             "implemented by impl='autodiff' without a strategy; got "
+                             f"name={self.name!r}, impl={self.impl!r}, "
+                             f"strategy={self.strategy!r}")
+        if not self.max_scale > 0:
+            raise ValueError(f"loss.max_scale must be > 0 (inf: no cap); got {self.max_scale}")
         if not self.temperature > 0:
             raise ValueError(f"loss.temperature must be > 0; got {self.temperature}")
 
@@ -113,12 +125,13 @@ def nt_xent_objective(model, batch, rng, extras, ctx: Context):
         loss = sharded_nt_xent(z1, z2, tau, mesh=ctx.mesh, strategy=ctx.loss.strategy,
                                block_size=_block(ctx.loss))
     else:
-        loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl,
+        loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl, normalize=ctx.loss.normalize,
                        **({"block_size": _block(ctx.loss)} if ctx.loss.impl == "tiled" else {}))
     m = first_anchors(n)
     anchors = jnp.arange(m)
     metrics = {
-        "top1": contrastive_top1(z1[:m], z, anchors + n, exclude=anchors),
+        "top1": contrastive_top1(z1[:m], z, anchors + n, exclude=anchors,
+                                 normalize=ctx.loss.normalize),
         "mi_bound": math.log(2 * n - 1) - loss,
         "embedding_norm": mean_norm(z),
         "feature_norm": mean_norm(h),

@@ -49,10 +49,14 @@ def clip_loss(x, y, logit_scale: float) -> float:
     return float(0.5 * (loss_img + loss_txt))  # step 5
 
 
-def nt_xent(z1, z2, tau: float) -> float:
-    """004's pseudo-code: 2N views, S[i][i] = -inf, positive = the other view of the same x."""
+def nt_xent(z1, z2, tau: float, normalize: bool = True) -> float:
+    """004's pseudo-code: 2N views, S[i][i] = -inf, positive = the other view of the same x.
+
+    ``normalize=False``: dot products instead of cosines (SimCLR Table 5's "no l2 norm").
+    """
     n = len(z1)
-    views = normalize_rows(np.concatenate([np.asarray(z1), np.asarray(z2)], axis=0))
+    views = np.concatenate([np.asarray(z1, np.float64), np.asarray(z2, np.float64)], axis=0)
+    views = normalize_rows(views) if normalize else views
     m = 2 * n
     s = [[float(np.dot(views[i], views[j])) / tau for j in range(m)] for i in range(m)]
     total = 0.0

@@ -31,6 +31,7 @@ def nt_xent(
     *,
     impl: str = "tiled",
     block_size: int | None = None,
+    normalize: bool = True,
 ) -> Array:
     """Normalised-temperature cross-entropy over the 2N views ``[z1; z2]``.
 
@@ -46,6 +47,9 @@ def nt_xent(
         O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
         for the other impls.
+      normalize: ``False`` drops the L2 normalisation: dot-product logits ``z_i . z_j / tau``
+        (SimCLR Table 5's "no l2 norm" rows; 000 P10 shows this loss rewards growing norms).
+        An ablation, so only ``impl="autodiff"`` implements it (an error otherwise).
 
     Returns:
       Scalar: the mean over all 2N anchors (004, step 6).
@@ -64,6 +68,9 @@ def nt_xent(
     check_positive("temperature", temperature)
     check_choice("impl", impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
+    if not normalize and impl != "autodiff":
+        raise ValueError(f"normalize=False (dot-product logits) is implemented by "
+                         f"impl='autodiff' only; got impl={impl!r}")
     dtype = compute_dtype(z1, z2)
     z1, z2 = jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)
     temperature = jnp.asarray(temperature).astype(dtype)
@@ -72,11 +79,11 @@ def nt_xent(
     z = jnp.concatenate([z1, z2], axis=0)
     if impl == "analytic":
         return nt_xent_analytic(z, temperature)
-    return _nt_xent_forward(z, temperature)
+    return _nt_xent_forward(z, temperature, normalize)
 
 
-def _nt_xent_forward(z, temperature):
-    z_hat = l2_normalize(z)
+def _nt_xent_forward(z, temperature, normalize=True):
+    z_hat = l2_normalize(z) if normalize else z
     logits = similarities(z_hat, z_hat) / temperature
     m = z.shape[0]
     not_self = ~jnp.eye(m, dtype=bool)
