@@ -40,8 +40,9 @@ def base_config() -> ml_collections.ConfigDict:
     """The run-level fields of every training config (each config sets data, model, loss...).
 
     ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
-    ``keep_checkpoints``, ``evaluation`` (linear probe and kNN on the frozen encoder at the end
-    and every ``every`` steps if > 0), ``mesh`` (axis sizes; ``-1`` takes the rest of the
+    ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
+    dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
+    :func:`contrastive_jax.train.evaluate`), ``mesh`` (axis sizes; ``-1`` takes the rest of the
     devices), ``launch`` (multi-process settings,
     :func:`contrastive_jax.distributed.launch_settings`; empty: from the environment, else a
     single process).
@@ -55,7 +56,14 @@ def base_config() -> ml_collections.ConfigDict:
         "keep_checkpoints": 3,
         "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
         "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
-                       "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)},
+                       "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
+                       "classification": True,  # linear probe + kNN (needs labels)
+                       # dual encoders: class prompts of this modality ("signal" | "image",
+                       # contrastive_jax.data.captions) for zero-shot accuracy; "" = none
+                       "zero_shot_prompts": "",
+                       # dual encoders: retrieval counts a candidate as correct when this batch
+                       # feature equals the query's ("caption_id", "label"); "" = its own pair
+                       "retrieval_match": ""},
         "mesh": {"data": -1},
         # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),

@@ -1,5 +1,6 @@
 """The trainer on 8 CPU devices: every config learns, data parallelism is exact, resume is exact."""
 
+import copy
 import importlib.util
 import json
 import os
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import checkpointing, train
+from contrastive_jax import checkpointing, evaluation, train
 from contrastive_jax.data import train_iterator
 from contrastive_jax.sharding import make_mesh
 
@@ -193,6 +194,10 @@ def test_pod_template_runs_one_step_at_tiny_size(tmp_path):
     results = train.train_and_evaluate(config, str(tmp_path / "run"))
     assert results["steps"] == 1 and results["devices"] == 8
     assert np.isfinite(results["final_train_metrics"]["loss"])
+    # captions without labels: retrieval and geometry, no probe
+    assert "linear_probe" not in results and "zero_shot" not in results
+    assert 0 <= results["x_to_y_r1"] <= results["x_to_y_r5"] <= results["x_to_y_r10"] <= 1
+    assert 0 <= results["alignment"] <= 4 and results["uniformity"] <= 0
     full = load_config("clip_vit_b16_pod.py")  # the real template's numbers
     assert full.data.batch_size == 32768 and full.model.sample_encoder.width == 768
 
@@ -203,3 +208,39 @@ def test_mutual_information_run_reports_the_true_value(tmp_path):
     assert results["true_mutual_information"] == pytest.approx(6.0)
     bound = results["final_train_metrics"]["mi_bound"]
     assert bound <= np.log(config.data.batch_size) + 1e-6  # never above log N (002 A.12.10)
+
+
+def test_evaluation_of_a_dual_encoder_is_the_same_on_one_and_eight_devices():
+    """evaluate() on the CLIP config: every metric present and in its range, zero-shot from the
+    class prompts through the text tower, and the same numbers whether the padded evaluation
+    pass runs on 8 devices or 1 (the gathered rows are the same rows)."""
+    config, mesh, graphdef, state, _ = setup("clip_mnist1d.py:quick")
+    assert config.evaluation.zero_shot_prompts == "signal"
+    eight = train.evaluate(graphdef, state, config, mesh)
+    one_mesh = make_mesh({"data": 1}, jax.devices()[:1])
+    one = train.evaluate(graphdef, jax.device_put(state, train._replicated(one_mesh, state)),
+                         config, one_mesh)
+    keys = {"linear_probe", "linear_probe_l2", "knn", "alignment", "uniformity", "zero_shot",
+            *(f"{d}_r{k}" for d in ("x_to_y", "y_to_x") for k in (1, 5, 10))}
+    assert set(eight) == keys
+    for key in keys:
+        assert eight[key] == pytest.approx(one[key], abs=1e-5), key
+    for d in ("x_to_y", "y_to_x"):
+        assert 0 <= eight[f"{d}_r1"] <= eight[f"{d}_r5"] <= eight[f"{d}_r10"] <= 1
+    assert 0 <= eight["alignment"] <= 4 and -4.0 * 2 <= eight["uniformity"] <= 0
+    assert 0 <= eight["zero_shot"] <= 1
+
+
+def test_simclr_pairs_are_two_views_and_identical_without_augmentation():
+    """pair_embeddings of SimCLR: two augmented views (alignment > 0); with every augmentation
+    at strength 0 the views are the input itself, so the pairs coincide (alignment 0)."""
+    config, mesh, graphdef, state, _ = setup("simclr_mnist1d.py:quick")
+    pairs = train.pair_embeddings(graphdef, state, config, mesh, "test")
+    assert pairs["x"].shape == pairs["y"].shape == (1000, 8) and pairs["label"].shape == (1000,)
+    assert evaluation.alignment(pairs["x"], pairs["y"]) > 1e-3
+    config = copy.deepcopy(config)
+    for name in config.augment:
+        if name != "kind":
+            config.augment[name] = 0.0
+    same = train.pair_embeddings(graphdef, state, config, mesh, "test")
+    assert evaluation.alignment(same["x"], same["y"]) == pytest.approx(0.0, abs=1e-10)
