@@ -4,30 +4,37 @@
         [--target 0.82] [--seeds 0 1 2] [--quick]
 
 Runs the trainer with an evaluation every ``--every`` steps (evaluation time is not counted as
-training time) for each seed and writes ``experiments/results/time_to_accuracy.{csv,md}``:
+training time) for each seed and writes ``experiments/results/time_to_accuracy.{csv,md,png}``:
 per evaluation the step, training seconds (after compilation), linear probe and kNN; and per
 seed the final accuracies, the training time and the first training time at which the probe
-reached ``--target``.
+reached ``--target``; and a plot of both accuracies against training seconds (``.png``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import importlib.util
-import pathlib
-import statistics
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "experiments" / "results"
+import matplotlib.pyplot as plt
+
+from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 
-def load_config(path: str, arg: str | None):
-    spec = importlib.util.spec_from_file_location("config", ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+def plot(rows: list[dict], target: float) -> plt.Figure:
+    """Probe and kNN accuracy against training seconds, one line per seed."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, metric in zip(axes, ("linear_probe", "knn"), strict=True):
+        for seed in sorted({r["seed"] for r in rows}):
+            mine = [r for r in rows if r["seed"] == seed]
+            ax.plot([r["train_s"] for r in mine], [r[metric] for r in mine], marker=".",
+                    label=f"seed {seed}")
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.2f}")
+        ax.set_xlabel("training seconds (excluding compilation and evaluation)")
+        ax.set_title({"linear_probe": "linear probe", "knn": "kNN (k=20)"}[metric])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[0].legend()
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from contrastive_jax.train import train_and_evaluate
 
+    every = 3 if args.quick else args.every
     rows, summary = [], []
     for seed in args.seeds:
-        config = load_config(args.config, f"seed={seed}" + (",quick" if args.quick else ""))
-        config.evaluation.every = 3 if args.quick else args.every
+        config = load_config(f"{args.config}:seed={seed}" + (",quick" if args.quick else ""))
+        config.evaluation.every = every
         with tempfile.TemporaryDirectory() as workdir:
             result = train_and_evaluate(config, workdir)
         for ev in result["evaluations"]:
@@ -56,28 +64,20 @@ def main(argv: list[str] | None = None) -> int:
                         "train_s": result["train_time_s"], "wall_s": result["wall_time_s"],
                         "linear_probe": result["linear_probe"], "knn": result["knn"],
                         "to_target_s": reached[0] if reached else None})
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = [f"# Time to accuracy: {args.config} (evaluation every {args.every} steps)", "",
-             f"| seed | steps | linear probe | kNN | train s | wall s (incl. evals) | "
-             f"train s to probe >= {args.target:.2f} |", "| --- " * 7 + "|"]
-    for s in summary:
-        to = f"{s['to_target_s']:.1f}" if s["to_target_s"] is not None else "not reached"
-        lines.append(f"| {s['seed']} | {s['steps']} | {s['linear_probe']:.4f} | {s['knn']:.4f}"
-                     f" | {s['train_s']:.1f} | {s['wall_s']:.1f} | {to} |")
-    probes = [s["linear_probe"] for s in summary]
-    knns = [s["knn"] for s in summary]
-    std = statistics.stdev if len(summary) > 1 else (lambda v: 0.0)
-    lines += ["", f"Linear probe {statistics.mean(probes):.4f} ± {std(probes):.4f}, kNN "
-              f"{statistics.mean(knns):.4f} ± {std(knns):.4f} over {len(summary)} seeds "
-              "(mean ± std).",
-              "Training seconds exclude compilation (the first step) and the evaluations.", ""]
-    out.with_suffix(".md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    table = markdown_table(
+        ["seed", "steps", "linear probe", "kNN", "train s", "wall s (incl. evals)",
+         f"train s to probe >= {args.target:.2f}"],
+        [[s["seed"], s["steps"], f"{s['linear_probe']:.4f}", f"{s['knn']:.4f}",
+          f"{s['train_s']:.1f}", f"{s['wall_s']:.1f}",
+          f"{s['to_target_s']:.1f}" if s["to_target_s"] is not None else "not reached"]
+         for s in summary])
+    probe = mean_std(s["linear_probe"] for s in summary)
+    knn = mean_std(s["knn"] for s in summary)
+    body = (f"{table}\n\nLinear probe {probe[0]:.4f} ± {probe[1]:.4f}, kNN {knn[0]:.4f} ± "
+            f"{knn[1]:.4f} over {len(summary)} seeds (mean ± std).\n"
+            "Training seconds exclude compilation (the first step) and the evaluations.")
+    report(args.out, rows, title=f"Time to accuracy: {args.config} (evaluation every {every} "
+           "steps)", body=body, figure=plot(rows, args.target))
     return 0
 
 

@@ -49,3 +49,4 @@ def test_time_to_accuracy_script_quick(tmp_path):
     assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 3  # steps 3, 6
     table = out.with_suffix(".md").read_text()
     assert "| 0 | 6 |" in table and "not reached" not in table
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
