@@ -11,6 +11,8 @@ coordinate pair is bivariate normal with correlation rho and
 Two forms, same distribution: :func:`sample` (jit-able, one key, for experiment loops) and
 :class:`CorrelatedGaussians` (a random-access source, example ``i`` from its own seed, so the
 grain pipeline shuffles, shards, batches and checkpoints it like any TFDS split).
+:func:`log_density_ratio` is the optimal critic log p(y | x) / p(y), the reference line of
+``experiments/mi_bound.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,27 @@ def sample(key: jax.Array, n: int, dim: int, rho: float,
     x = jax.random.normal(kx, (n, dim), dtype)
     eps = jax.random.normal(ke, (n, dim), dtype)
     return x, rho * x + math.sqrt(1.0 - rho * rho) * eps
+
+
+def log_density_ratio(x: jax.Array, y: jax.Array, rho: float) -> jax.Array:
+    """The optimal critic: ``S_ij = log p(y_j | x_i) / p(y_j)`` for all pairs, (N, M).
+
+    ``x`` (N, dim), ``y`` (M, dim). Per coordinate ``p(y | x) = N(rho x, 1 - rho^2)`` and
+    ``p(y) = N(0, 1)``, so with ``s = 1 - rho^2``
+
+        S_ij = -(dim / 2) log s - |y_j - rho x_i|^2 / (2 s) + |y_j|^2 / 2.
+
+    InfoNCE with these scores is the best the bound of 002 A.12.5 can do at this N (the Bayes
+    classifier of the positive's index, A.12.13); its expectation ``E[log N - L]`` lies below
+    ``min(I(X; Y), log N)``. Terms that depend on ``x_i`` alone cancel in the row softmax.
+    ``rho`` may be traced (one compilation for every rho); a Python number is checked.
+    """
+    if not isinstance(rho, jax.Array):
+        _check(x.shape[-1], rho)
+    s = 1.0 - rho * rho
+    sq = (jnp.sum(y * y, axis=-1)[None, :] - 2.0 * rho * (x @ y.T)
+          + rho * rho * jnp.sum(x * x, axis=-1)[:, None])
+    return -0.5 * x.shape[-1] * jnp.log(s) - sq / (2.0 * s) + 0.5 * jnp.sum(y * y, axis=-1)
 
 
 class CorrelatedGaussians:
