@@ -210,13 +210,44 @@ def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
     return [np.asarray(a)[keep] for a in arrays]
 
 
-def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Frozen encoder features and labels of every example of ``split`` (inference mode)."""
+@functools.lru_cache(maxsize=8)
+def _inference(graphdef, input_key: str, text_key: str, augment_json: str):
+    """The jitted inference functions of one model, built once per (model, inputs, views) so
+    that periodic evaluations reuse their compilations.
 
-    @jax.jit
+    ``features(params, rest, x)``: the encoder features; ``pairs(params, rest, batch, key)``:
+    the embeddings of positive pairs (see :func:`pair_embeddings`); ``texts(params, rest,
+    tokens)``: text-tower embeddings.
+    """
+    augment = json.loads(augment_json)
+
     def features(params, rest, x):
         return nnx.merge(graphdef, params, rest).features(x)
 
+    def pairs(params, rest, batch, key):
+        model = nnx.merge(graphdef, params, rest)
+        x = batch[input_key]
+        if hasattr(model, "embed_texts"):
+            return model.embed_samples(x), model.embed_texts(batch[text_key])
+        v1, v2 = two_views(x, key, augment)
+        return model(v1, train=False)[0], model(v2, train=False)[0]
+
+    def texts(params, rest, tokens):
+        return nnx.merge(graphdef, params, rest).embed_texts(tokens)
+
+    return jax.jit(features), jax.jit(pairs), jax.jit(texts)
+
+
+def _inference_for(graphdef, config):
+    augment = config.get("augment")
+    return _inference(graphdef, config.input_key, config.get("text_key", "caption"),
+                      json.dumps(None if augment is None else augment.to_dict(),
+                                 sort_keys=True))
+
+
+def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Frozen encoder features and labels of every example of ``split`` (inference mode)."""
+    features = _inference_for(graphdef, config)[0]
     feats, labels = [], []
     for batch in eval_iterator(config.data, mesh, split=split):
         f = features(state["params"], state["rest"], batch[config.input_key])
@@ -235,24 +266,11 @@ def pair_embeddings(graphdef, state, config, mesh, split: str,
     example (the augmentation keys fixed by ``config.seed``). Plus the batch features named in
     ``keys`` that the data has. Not normalised (the metrics normalise).
     """
-    dual = hasattr(nnx.merge(graphdef, state["params"], state["rest"]), "embed_texts")
-    text_key = config.get("text_key", "caption")
-    augment = config.get("augment")
-    augment = None if augment is None else augment.to_dict()
-
-    @jax.jit
-    def embed(params, rest, batch, key):
-        model = nnx.merge(graphdef, params, rest)
-        x = batch[config.input_key]
-        if dual:
-            return model.embed_samples(x), model.embed_texts(batch[text_key])
-        v1, v2 = two_views(x, key, augment)
-        return model(v1, train=False)[0], model(v2, train=False)[0]
-
+    pairs = _inference_for(graphdef, config)[1]
     key = jax.random.key(config.seed)
     columns: dict[str, list] = {}
     for index, batch in enumerate(eval_iterator(config.data, mesh, split=split)):
-        x, y = embed(state["params"], state["rest"], batch, jax.random.fold_in(key, index))
+        x, y = pairs(state["params"], state["rest"], batch, jax.random.fold_in(key, index))
         extra = [k for k in dict.fromkeys(keys) if k in batch]
         rows = _gathered((x, y, *(batch[k] for k in extra)), batch["mask"])
         for name, value in zip(["x", "y", *extra], rows, strict=True):
@@ -260,12 +278,12 @@ def pair_embeddings(graphdef, state, config, mesh, split: str,
     return {name: np.concatenate(parts) for name, parts in columns.items()}
 
 
-def prompt_embeddings(graphdef, state, modality: str) -> np.ndarray:
+def prompt_embeddings(graphdef, state, config, modality: str) -> np.ndarray:
     """Text-tower embeddings ``(10, templates, d)`` of every class prompt (zero-shot)."""
     tokens = captions.class_prompts(modality)
-    model_fn = jax.jit(lambda params, rest, t: nnx.merge(graphdef, params, rest).embed_texts(t))
-    flat = model_fn(state["params"], state["rest"], jnp.asarray(tokens.reshape(-1,
-                                                                                tokens.shape[-1])))
+    texts = _inference_for(graphdef, config)[2]
+    flat = texts(state["params"], state["rest"], jnp.asarray(tokens.reshape(-1,
+                                                                            tokens.shape[-1])))
     return np.asarray(flat).reshape(*tokens.shape[:2], -1)
 
 
@@ -303,7 +321,7 @@ def evaluate(graphdef, state, config, mesh) -> dict:
         results.update(evaluation.retrieval_recall(pairs["x"], pairs["y"],
                                                    match_ids=pairs[match] if match else None))
         if ev.get("zero_shot_prompts"):
-            prompts = prompt_embeddings(graphdef, state, ev.zero_shot_prompts)
+            prompts = prompt_embeddings(graphdef, state, config, ev.zero_shot_prompts)
             results["zero_shot"] = evaluation.zero_shot_accuracy(pairs["x"], pairs["label"],
                                                                  prompts)
     return results
