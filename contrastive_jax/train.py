@@ -98,16 +98,24 @@ def create_state(config: ml_collections.ConfigDict, steps: int):
 
 
 def clamp_log_scale(params, max_scale: float):
-    """The learnable ``log_scale`` clamped at ``log(max_scale)`` after each update (000 P8).
+    """The learnable ``log_scale`` clamped just below ``log(max_scale)`` after each update.
 
-    The loss already caps the scale (with zero gradient above the cap); clamping the
-    parameter too, as open_clip does, lets it move again as soon as the gradient says so.
+    The loss already caps the scale with zero gradient where the cap binds (``log_scale >=
+    log(max_scale)``, 000 P8); clamping the parameter too, as open_clip does, keeps it from
+    drifting above the cap. It is clamped to the largest value of its dtype *below*
+    ``log(max_scale)`` (scale ``100 - 5e-5`` in float32), where the cap does not bind, so the
+    gradient reaches it and it moves down again as soon as the gradient says so; clamped at
+    ``log(max_scale)`` itself it would stay there for good.
     """
     top = math.log(max_scale)
 
+    def below_top(dtype):
+        value = np.asarray(top, dtype)
+        return np.nextafter(value, np.asarray(-np.inf, dtype)) if value >= top else value
+
     def clamp(path, leaf):
         if is_temperature(path) and path[0].key == "log_scale":
-            return jnp.minimum(leaf, top)
+            return jnp.minimum(leaf, below_top(leaf.dtype))
         return leaf
 
     return jax.tree_util.tree_map_with_path(clamp, params)

@@ -16,6 +16,7 @@ import tensorflow_datasets as tfds
 
 from contrastive_jax import checkpointing, evaluation, train
 from contrastive_jax.data import train_iterator
+from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.sharding import make_mesh
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +82,10 @@ def test_clamped_log_scale_and_skipped_non_finite_step():
         jax.device_put(jnp.float32(7.0), train._replicated(mesh, jnp.float32(0))))
     batch = next(train_iterator(config.data, mesh))
     state, _ = step(state, batch)
-    assert float(state["params"]["log_scale"][...]) == pytest.approx(np.log(100.0))
+    clamped = state["params"]["log_scale"][...]
+    assert float(clamped) == pytest.approx(np.log(100.0)) and float(clamped) < np.log(100.0)
+    # just below the cap, so the scale's gradient is not cut: it can come down again
+    assert float(jax.grad(logit_scale)(clamped)) == pytest.approx(100.0, rel=1e-5)
     poisoned = dict(batch, signal=batch["signal"].at[0].set(jnp.nan))
     before = jax.device_get(state["params"])
     state, metrics = step(state, poisoned)
