@@ -1,0 +1,234 @@
+"""A learned logit scale with and without CLIP's clip at 100 (000 P8).
+
+    python experiments/learned_temperature.py [--quick] [--every 5]
+        [--out experiments/results/learned_temperature]
+
+SimCLR on MNIST-1D with a learned temperature (``configs/simclr_mnist1d.py:learn_temperature``:
+the model holds ``t = log s``, ``s = 1 / tau``, initialised at ``log 5``). Each run is either
+
+* ``clip``: ``loss.max_scale = 100`` (the default): the loss uses ``min(e^t, 100)`` and the
+  trainer clamps ``t`` at ``log 100`` after each update, or
+* ``no_clip``: ``loss.max_scale = inf``: nothing bounds ``t``.
+
+000 P8: ``dl/dt = (sum_j p_j c_j - c_pos) / tau`` is negative whenever the positive beats the
+softmax-weighted average similarity, so a model that wins keeps sharpening; CLIP clips the
+scale at 100 (``tau >= 0.01``). The runs (:data:`RUNS`):
+
+* the main job's views at the config's own temperature rate (the main rate, 2e-3) and at a
+  raised ``optimizer.temperature_lr`` of 0.5: the positives lose often (in-batch top-1 ~0.4),
+  ``t`` settles where winners and losers balance, far below ``log 100``, and the clip never
+  binds (clipped and unclipped runs are the same run);
+* identical views (every augmentation off): every positive has cosine 1 and wins, ``dl/dt < 0``
+  at every step, and at the raised rate ``t`` outruns the network: the clip binds.
+
+``--quick`` runs only the identical-views pair, 8 steps of the quick variant, at
+``temperature_lr`` 1.5 (so that ``t`` passes ``log 100`` within those steps), without the final
+evaluation. The script records ``t`` after every ``--every``-th update with the loss and the
+contrastive top-1 of that step, and evaluates each frozen encoder at the end (linear probe,
+kNN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax.data import open_split, train_iterator
+from contrastive_jax.reporting import RESULTS, load_config, markdown_table, report
+from contrastive_jax.sharding import make_mesh
+from contrastive_jax.train import compiled_step, create_state, evaluate, total_steps
+
+CONFIG = "configs/simclr_mnist1d.py"
+CLIP = 100.0
+LOG_CLIP = math.log(CLIP)
+
+
+class Run(NamedTuple):
+    """One training run: the views, the temperature's peak rate (0: the main rate, the config's
+    default) and ``loss.max_scale``."""
+
+    name: str
+    views: str  # "default" (the config's augmentations) | "identical" (all off)
+    temperature_lr: float
+    max_scale: float
+
+
+RUNS = (
+    Run("default_lr_clip", "default", 0.0, CLIP),
+    Run("default_clip", "default", 0.5, CLIP),
+    Run("default_no_clip", "default", 0.5, math.inf),
+    Run("identical_clip", "identical", 0.5, CLIP),
+    Run("identical_no_clip", "identical", 0.5, math.inf),
+)
+QUICK_RUNS = (
+    Run("identical_clip", "identical", 1.5, CLIP),
+    Run("identical_no_clip", "identical", 1.5, math.inf),
+)
+
+
+def run_config(run: Run, quick: bool, seed: int):
+    """The main job (or its quick variant) with a learned temperature and ``run``'s settings."""
+    config = load_config(f"{CONFIG}:learn_temperature,seed={seed}" + (",quick" if quick else ""))
+    config.loss.max_scale = run.max_scale
+    config.optimizer.temperature_lr = run.temperature_lr
+    if run.views == "identical":
+        no_augmentation(config)
+    if quick:
+        config.total_steps = 8
+    return config
+
+
+def no_augmentation(config) -> None:
+    """Every augmentation strength 0: the two views are identical, so each positive has cosine
+    1 and beats every negative, and by 000 P8 ``dl/dt < 0`` at every step."""
+    for op, strength in config.augment.items():
+        if op != "kind" and strength:
+            config.augment[op] = 0.0
+
+
+def log_scale(params) -> float:
+    """The learned ``t = log s`` (the model's ``log_scale`` parameter)."""
+    return float(np.asarray(params["log_scale"][...]))
+
+
+def train_run(config, every: int, final_eval: bool = True) -> tuple[float, list[dict], dict]:
+    """Train ``config``, recording ``t`` after every ``every``-th update (and the first and
+    last): ``(t before training, rows, final evaluation)`` (``{}`` without ``final_eval``)."""
+    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    source = open_split(config.data.name, config.data.train_split,
+                        config.data.data_dir or None, config.data.options.to_dict() or None)
+    steps = total_steps(config, len(source))
+    graphdef, state, tx = create_state(config, steps)
+    state = jax.device_put(state, jax.tree.map(lambda _: NamedSharding(mesh, P()), state))
+    step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
+    stream = train_iterator(config.data, mesh)
+    t0, rows = log_scale(state["params"]), []
+    for step in range(1, steps + 1):
+        state, metrics = step_fn(state, next(stream))
+        if step % every == 0 or step in (1, steps):
+            m = jax.device_get(metrics)
+            t = log_scale(state["params"])
+            rows.append({"step": step, "log_scale": t, "temperature": math.exp(-t),
+                         "loss": float(m["loss"]), "top1": float(m["top1"]),
+                         "learning_rate": float(m["learning_rate"])})
+    return t0, rows, evaluate(graphdef, state, config, mesh) if final_eval else {}
+
+
+def accuracies(final: dict) -> dict:
+    """The final linear probe and kNN accuracy, if the run was evaluated (not in --quick)."""
+    return {k: final[k] for k in ("linear_probe", "knn") if k in final}
+
+
+def accuracy_cells(final: dict) -> tuple[str, str]:
+    """Linear probe and kNN as table cells ("–" when not evaluated)."""
+    return tuple(f"{final[k]:.4f}" if k in final else "–" for k in ("linear_probe", "knn"))
+
+
+def late_mean(rows: Sequence[dict], key: str, fraction: float = 0.1) -> float:
+    """Mean of ``key`` over the last ``fraction`` of the recorded rows (at least one)."""
+    tail = rows[-max(1, round(fraction * len(rows))):]
+    return float(np.mean([r[key] for r in tail]))
+
+
+def first_step_at_clip(rows: Sequence[dict]) -> int | None:
+    """The first recorded step with ``t >= log 100`` (within float32 rounding), or None."""
+    hits = [r["step"] for r in rows if r["log_scale"] >= LOG_CLIP - 1e-6]
+    return hits[0] if hits else None
+
+
+def summary_table(runs: dict[Run, list[dict]], finals: dict[Run, dict],
+                  main_lr: float) -> str:
+    """One markdown row per run: t at the end and at most, when it reached log 100, accuracy."""
+    header = ("run", "views", "temperature_lr", "max_scale", "t final (s = e^t)", "max t",
+              "first step t ≥ log 100", "top-1, last 10%", "loss, last 10%", "linear probe",
+              "kNN")
+    lines = []
+    for run, rows in runs.items():
+        t_final, t_max = rows[-1]["log_scale"], max(r["log_scale"] for r in rows)
+        reached = first_step_at_clip(rows)
+        lr = f"{run.temperature_lr:g}" if run.temperature_lr else f"{main_lr:g} (default)"
+        lines.append((run.name, run.views, lr, f"{run.max_scale:g}",
+                      f"{t_final:.3f} ({math.exp(t_final):.4g})", f"{t_max:.3f}",
+                      "never" if reached is None else str(reached),
+                      f"{late_mean(rows, 'top1'):.3f}", f"{late_mean(rows, 'loss'):.2e}",
+                      *accuracy_cells(finals[run])))
+    return markdown_table(header, lines)
+
+
+def plot(runs: dict[Run, list[dict]]):
+    """t over steps (with log 100) and the training loss of each recorded step."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (run, rows) in enumerate(runs.items()):
+        steps = [r["step"] for r in rows]
+        style = {"color": f"C{i}", "ls": "-" if run.max_scale == CLIP else "--",
+                 "label": f"{run.name} (temperature_lr {run.temperature_lr or 'main'}, "
+                          f"max_scale {run.max_scale:g})"}
+        ax_t.plot(steps, [r["log_scale"] for r in rows], **style)
+        ax_loss.plot(steps, [max(r["loss"], 1e-12) for r in rows], alpha=0.8, **style)
+    ax_t.axhline(LOG_CLIP, color="k", ls=":", lw=1, label="log 100 (tau = 0.01)")
+    ax_t.set(xlabel="step", ylabel="t = log s = -log tau", title="learned log-scale (000 P8)")
+    ax_loss.set(xlabel="step", ylabel="NT-Xent loss (training batch)", yscale="log",
+                title="training loss")
+    for ax in (ax_t, ax_loss):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.legend(*ax_t.get_legend_handles_labels(), loc="upper center", ncol=3, fontsize=8,
+               bbox_to_anchor=(0.5, 0.0))
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="quick config, 8 steps, no final evaluation (tests)")
+    parser.add_argument("--every", type=int, default=5, help="record every N steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "learned_temperature")
+    args = parser.parse_args(argv)
+    every = 1 if args.quick else args.every
+    start = time.perf_counter()
+    runs, finals, csv_rows = {}, {}, []
+    for run in QUICK_RUNS if args.quick else RUNS:
+        config = run_config(run, args.quick, args.seed)
+        t0, runs[run], finals[run] = train_run(config, every, final_eval=not args.quick)
+        print(f"{run.name}: t {runs[run][-1]['log_scale']:.3f}, probe / kNN "
+              f"{accuracy_cells(finals[run])} ({time.perf_counter() - start:.0f} s)", flush=True)
+        csv_rows += [{"run": run.name, "views": run.views,
+                      "temperature_lr": run.temperature_lr or config.optimizer.learning_rate,
+                      "max_scale": run.max_scale, **row,
+                      **accuracies(finals[run])}
+                     for row in runs[run]]
+    main_lr = config.optimizer.learning_rate
+    body = f"""
+`python experiments/learned_temperature.py{' --quick' if args.quick else ''}`: `{CONFIG}` with
+`learn_temperature` (seed {args.seed}{', quick variant, 8 steps' if args.quick else ''}; t starts
+at log(1/0.2) = {t0:.3f}; log 100 = {LOG_CLIP:.3f}), AdamW at lr {main_lr:g} for the network and
+Adam at `optimizer.temperature_lr` for t (the config's default is the main rate; **raised** in
+the other runs so that t could reach log 100 within the run), recorded every {every} steps;
+{time.perf_counter() - start:.0f} s in all. `clip`: loss.max_scale = 100 and the trainer's clamp of
+t at log 100; `no_clip`: max_scale = inf. Views `default`: the main job's augmentations;
+`identical`: every augmentation off, so each positive is the anchor's own embedding (cosine 1).
+Top-1 and loss are the training batch's (the trainer's metrics); the probe and kNN are on the
+frozen encoder.
+
+{summary_table(runs, finals, main_lr)}
+"""
+    report(args.out, csv_rows, title="Learned temperature with and without the clip (000 P8)",
+           body=body, figure=plot(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
