@@ -1,0 +1,248 @@
+"""The temperature and batch-size ablation scripts: their pure parts, and each end to end in its
+quick mode (the config's quick variant, a few tiny runs)."""
+
+import csv
+import importlib.util
+import math
+import pathlib
+import sys
+
+import pytest
+
+from contrastive_jax.objectives import LossSettings
+from contrastive_jax.reporting import load_config
+from contrastive_jax.train import total_steps
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+    module = f"experiments_{name}"
+    spec = importlib.util.spec_from_file_location(module, ROOT / "experiments" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[module] = script  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(script)
+    return script
+
+
+@pytest.fixture(scope="module")
+def temperature():
+    return _script("temperature_ablation")
+
+
+@pytest.fixture(scope="module")
+def batch_size():
+    return _script("batch_size_ablation")
+
+
+def _rows(path: pathlib.Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _accuracy(text: str) -> float:
+    value = float(text)
+    assert 0.0 <= value <= 1.0, text
+    return value
+
+
+# --- temperature_ablation ---------------------------------------------------------------------
+
+def test_temperature_grid_has_table5_rows(temperature):
+    settings = temperature.grid()
+    labels = [s.label for s in settings]
+    assert len(labels) == len(set(labels)) == 14  # l2: 5 fixed + learned; no l2: 7 + learned
+    no_norm = {s.temperature for s in settings if not s.normalize and not s.learned}
+    assert no_norm == {0.05, 0.1, 0.2, 0.5, 1.0, 10.0, 100.0}
+    assert sum(s.learned for s in settings) == 2
+
+
+def test_temperature_configs(temperature):
+    s = temperature.Setting(normalize=False, temperature=10.0)
+    config = temperature.make_config(s, seed=3, epochs=5.0)
+    loss = LossSettings.from_config(config.loss)  # the no-norm combination is a valid one
+    assert (loss.normalize, loss.impl, loss.temperature) == (False, "autodiff", 10.0)
+    assert config.seed == 3 and config.num_epochs == 5.0
+    assert total_steps(config, 4000) == 157 and config.optimizer.warmup_steps == 8
+    learned = temperature.make_config(temperature.Setting(True, 0.2, learned=True), 0, epochs=5.0)
+    assert learned.model.learn_temperature and learned.model.init_temperature == 0.2
+    assert learned.loss.get("normalize", True) is True
+    # the main job's own warmup is 31 of its 625 steps: the fraction reproduces it
+    assert temperature.warmup_steps(625) == 31 and temperature.warmup_steps(2) == 1
+
+
+def test_temperature_diverged_row_is_nan(temperature):
+    row = temperature.row_from_result(None)
+    assert row["status"] == "diverged" and math.isnan(row["linear_probe"])
+    nan_loss = {"final_train_metrics": {"loss": math.nan, "top1": 0.5, "temperature": 0.1,
+                                        "embedding_norm": 1.0, "mi_bound": 1.0,
+                                        "skipped": 3.0},
+                "linear_probe": 0.9, "knn": 0.8, "steps": 10, "train_time_s": 1.0}
+    row = temperature.row_from_result(nan_loss)
+    assert row["status"] == "diverged" and math.isnan(row["knn"]) and row["skipped_steps"] == 3
+
+
+def test_table5_comparison_reads_the_shape(temperature):
+    def entry(normalize, tau, probe, top1):
+        s = temperature.Setting(normalize, tau)
+        return {"setting": s.label, "normalize": normalize, "learned": False,
+                "temperature": tau, "final_temperature": tau, "seeds": 3, "diverged": 0,
+                "linear_probe": probe, "linear_probe_std": 0.001, "knn": probe - 0.05,
+                "knn_std": 0.001, "contrastive_top1": top1, "contrastive_top1_std": 0.01,
+                "embedding_norm": 2.0}
+
+    summary = [entry(True, 0.05, 0.90, 0.9), entry(True, 0.1, 0.95, 0.8),
+               entry(True, 1.0, 0.91, 0.5), entry(False, 10.0, 0.85, 0.95),
+               entry(False, 100.0, 0.84, 0.96)]
+    text = " ".join(temperature.table5_comparison(summary))
+    assert "peaks at tau = 0.1" in text and "a moderate tau" in text
+    assert "holds here." in text and "falls at every step of tau" in text
+    assert "4.0 points lower (outside the seed noise)" in text
+    # without normalisation the logit scale is about norm^2 / tau: 4 / 10 and 4 / 100
+    assert "logit scale norm^2 / tau is 0.4 / 0.0" in text
+    summary[0]["linear_probe"] = 0.99  # peak at the smallest tau; no-norm probe still lower
+    summary[3]["contrastive_top1"] = summary[4]["contrastive_top1"] = 0.1
+    text = " ".join(temperature.table5_comparison(summary))
+    assert "an end of the grid" in text and "holds only in part here" in text
+    summary[3]["linear_probe"] = 0.995  # and now the unnormalised probe is the best
+    text = " ".join(temperature.table5_comparison(summary))
+    assert "does not hold here." in text
+
+
+def test_temperature_figure_and_table(temperature, tmp_path):
+    # every kind of point: fixed lines, a learned star, a diverged setting (a red cross)
+    rows = []
+    for normalize, tau, learned, probe in ((True, 0.1, False, 0.9), (True, 1.0, False, 0.8),
+                                           (True, 0.2, True, 0.85), (False, 10.0, False, 0.7),
+                                           (False, 0.05, False, math.nan)):
+        s = temperature.Setting(normalize, tau, learned)
+        for seed in (0, 1):
+            ok = math.isfinite(probe)
+            rows.append({"setting": s.label, "normalize": normalize, "learned": learned,
+                         "temperature": tau, "seed": seed,
+                         "status": "ok" if ok else "diverged", "linear_probe": probe + seed / 100,
+                         "knn": probe, "contrastive_top1": probe / 2,
+                         "final_temperature": tau * 0.8 if learned else tau,
+                         "embedding_norm": 3.0})
+    summary = temperature.summarise(rows)
+    assert [s["diverged"] for s in summary] == [0, 0, 0, 0, 2]
+    assert summary[0]["linear_probe"] == pytest.approx(0.905)
+    assert summary[0]["linear_probe_std"] == pytest.approx(0.01 / math.sqrt(2))
+    table = temperature.results_table(summary)
+    assert "| l2, tau=0.1 | 2 (0) | 90.5 ± 0.7 |" in table and "| diverged |" in table
+    assert "| 0.9 | 57.2 / 91.7 |" in table  # no l2 at tau 10: scale 3^2 / 10; Table 5 row
+    fig = temperature.figure(summary)
+    fig.savefig(tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 10_000
+
+
+def test_temperature_script_quick(temperature, tmp_path):
+    out = tmp_path / "temperature"
+    assert temperature.main(["--quick", "--out", str(out)]) == 0
+    rows = _rows(out.with_suffix(".csv"))
+    assert [r["setting"] for r in rows] == ["no l2, learned (init 0.2)"]
+    assert list(rows[0]) == ["setting", "normalize", "learned", "temperature", "seed", "status",
+                             "linear_probe", "knn", "contrastive_top1", "final_temperature",
+                             "embedding_norm", "mi_bound", "loss", "skipped_steps", "steps",
+                             "train_s"]
+    for row in rows:
+        assert row["status"] == "ok" and row["steps"] == "6" and row["seed"] == "0"
+        for key in ("linear_probe", "knn", "contrastive_top1"):
+            _accuracy(row[key])
+        assert float(row["loss"]) > 0
+        # the bound is log(2B - 1) - L at the quick variant's batch 64 (002 A.12.10)
+        assert float(row["mi_bound"]) == pytest.approx(math.log(127) - float(row["loss"]),
+                                                       abs=1e-4)
+    tau = float(rows[0]["final_temperature"])
+    assert tau != pytest.approx(0.2, abs=1e-7) and 0.01 <= tau < 1  # learned: it moved
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    md = out.with_suffix(".md").read_text()
+    assert "| no l2, learned (init 0.2) | 1 (0) |" in md and "SimCLR Table 5" in md
+
+
+# --- batch_size_ablation ----------------------------------------------------------------------
+
+def test_sqrt_learning_rate_and_ceiling(batch_size):
+    lrs = [batch_size.sqrt_scaled_lr(b) for b in batch_size.BATCHES]
+    assert lrs == pytest.approx([1e-3, 2e-3 / math.sqrt(2), 2e-3, 2e-3 * math.sqrt(2), 4e-3,
+                                 4e-3 * math.sqrt(2)], rel=1e-12)
+    assert batch_size.sqrt_scaled_lr(128) == 2e-3
+    assert batch_size.log_n_ceiling(1) == 0.0  # one candidate: nothing to learn
+    assert batch_size.log_n_ceiling(128) == math.log(255)
+
+
+def test_rank_correlation(batch_size):
+    rho = batch_size.rank_correlation
+    assert rho([1, 2, 3, 4], [10, 20, 25, 40]) == pytest.approx(1.0)
+    assert rho([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert rho([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert rho([1, 2, 3], [1, 1, 2]) == pytest.approx(math.sqrt(3) / 2)  # a tie: mean ranks
+    assert math.isnan(rho([1], [2])) and math.isnan(rho([1, 2], [5, 5]))
+
+
+def test_batch_findings(batch_size):
+    def entry(regime, batch, acc, bound):
+        return {"regime": regime, "batch": batch, "steps": 10, "linear_probe": acc,
+                "linear_probe_std": 0.0, "knn": acc, "knn_std": 0.0, "mi_bound": bound,
+                "log_n_ceiling": batch_size.log_n_ceiling(batch)}
+
+    summary = [entry("equal_epochs", b, acc, 2.0) for b, acc in ((32, 0.9), (64, 0.8))]
+    summary += [entry("equal_steps", b, acc, bound)
+                for b, acc, bound in ((32, 0.8, 2.0), (64, 0.9, 4.5))]
+    text = " ".join(batch_size.findings(summary))
+    assert "larger batches hurt, unlike SimCLR" in text and "only 10 steps" in text
+    assert "probe +1.00, kNN +1.00: larger batches help" in text
+    assert "at most 93% of the ceiling (B = 64, equal steps)" in text  # 4.5 / log 127
+    assert "close to its ceiling" in text
+
+
+def test_batch_plan(batch_size):
+    runs = batch_size.plan(batch_size.BATCHES, 5.0, None, 4000)
+    assert len(runs) == 11  # 6 + 6, batch 128 shared
+    by_regime = {r: {run.batch: run.steps for run in runs if r in run.regimes}
+                 for r in batch_size.REGIMES}
+    assert by_regime["equal_epochs"] == {32: 625, 64: 313, 128: 157, 256: 79, 512: 40,
+                                         1024: 20}
+    assert set(by_regime["equal_steps"].values()) == {157}
+    shared = [run for run in runs if len(run.regimes) == 2]
+    assert [(run.batch, run.steps) for run in shared] == [(128, 157)]
+    for run in runs:
+        assert 1 <= run.warmup < run.steps
+        config = batch_size.make_config(run, seed=0)
+        assert total_steps(config, 4000) == run.steps
+        assert config.data.batch_size == run.batch
+        assert config.optimizer.learning_rate == batch_size.sqrt_scaled_lr(run.batch)
+    # the library computes the same equal-epoch step counts from num_epochs
+    config = load_config("configs/simclr_mnist1d.py:batch=64,epochs=5.0")
+    assert total_steps(config, 4000) == batch_size.steps_for_epochs(5.0, 64, 4000)
+    assert len(batch_size.plan((32, 64), 5.0, 100, 4000)) == 4  # nothing shared
+
+
+def test_batch_script_quick(batch_size, tmp_path):
+    out = tmp_path / "batch"
+    assert batch_size.main(["--quick", "--out", str(out)]) == 0
+    rows = _rows(out.with_suffix(".csv"))
+    assert list(rows[0]) == ["regime", "batch", "seed", "steps", "epochs", "learning_rate",
+                             "warmup_steps", "log_n_ceiling", "shared_run", "status",
+                             "linear_probe", "knn", "contrastive_top1", "mi_bound", "loss",
+                             "train_s"]
+    assert [(r["regime"], r["batch"], r["steps"]) for r in rows] == [
+        ("equal_epochs", "64", "7"), ("equal_epochs", "128", "4"),
+        ("equal_steps", "64", "4"), ("equal_steps", "128", "4")]
+    for row in rows:
+        batch = int(row["batch"])
+        assert row["status"] == "ok"
+        for key in ("linear_probe", "knn", "contrastive_top1"):
+            _accuracy(row[key])
+        assert float(row["log_n_ceiling"]) == math.log(2 * batch - 1)  # N = 2B - 1, exactly
+        assert float(row["learning_rate"]) == 2e-3 * math.sqrt(batch / 128)
+        # the library's bound uses the same N: log N - L, below the ceiling (L > 0)
+        assert float(row["mi_bound"]) == pytest.approx(
+            float(row["log_n_ceiling"]) - float(row["loss"]), abs=1e-4)
+        assert float(row["mi_bound"]) < float(row["log_n_ceiling"])
+    # the shared batch-128 run appears once per regime with the same numbers
+    assert rows[1]["shared_run"] == rows[3]["shared_run"] == "True"
+    assert rows[1]["linear_probe"] == rows[3]["linear_probe"]
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    md = out.with_suffix(".md").read_text()
+    assert "| equal steps | 64 | 4 |" in md and "ceiling log(2B-1)" in md
