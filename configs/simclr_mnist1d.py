@@ -35,7 +35,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "init_temperature": v.temperature,
     }
     config.loss = {"name": "nt_xent", "temperature": v.temperature, "impl": "tiled",
-                   "strategy": v.strategy}
+                   "strategy": v.strategy,
+                   # ablations (experiments/): normalize=False is dot-product logits (needs
+                   # impl "autodiff"); max_scale caps a learned 1/tau (inf: no cap)
+                   "normalize": True, "max_scale": 100.0}
     config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 31,
                         "weight_decay": 0.1}
     config.log_every = 100
