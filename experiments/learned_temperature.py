@@ -7,7 +7,7 @@ SimCLR on MNIST-1D with a learned temperature (``configs/simclr_mnist1d.py:learn
 the model holds ``t = log s``, ``s = 1 / tau``, initialised at ``log 5``). Each run is either
 
 * ``clip``: ``loss.max_scale = 100`` (the default): the loss uses ``min(e^t, 100)`` and the
-  trainer clamps ``t`` at ``log 100`` after each update, or
+  trainer clamps ``t`` one float below ``log 100`` after each update, or
 * ``no_clip``: ``loss.max_scale = inf``: nothing bounds ``t``.
 
 000 P8: ``dl/dt = (sum_j p_j c_j - c_pos) / tau`` is negative whenever the positive beats the
@@ -218,10 +218,10 @@ at log(1/0.2) = {t0:.3f}; log 100 = {LOG_CLIP:.3f}), AdamW at lr {main_lr:g} for
 Adam at `optimizer.temperature_lr` for t (the config's default is the main rate; **raised** in
 the other runs so that t could reach log 100 within the run), recorded every {every} steps;
 {time.perf_counter() - start:.0f} s in all. `clip`: loss.max_scale = 100 and the trainer's clamp of
-t at log 100; `no_clip`: max_scale = inf. Views `default`: the main job's augmentations;
-`identical`: every augmentation off, so each positive is the anchor's own embedding (cosine 1).
-Top-1 and loss are the training batch's (the trainer's metrics); the probe and kNN are on the
-frozen encoder.
+t one float below log 100; `no_clip`: max_scale = inf. Views `default`: the main job's
+augmentations; `identical`: every augmentation off, so each positive is the anchor's own
+embedding (cosine 1). Top-1 and loss are the training batch's (the trainer's metrics); the probe
+and kNN are on the frozen encoder.
 
 {summary_table(runs, finals, main_lr)}
 """
