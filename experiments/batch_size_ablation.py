@@ -1,7 +1,7 @@
 """Batch-size ablation of SimCLR on MNIST-1D: equal epochs and equal steps, sqrt-scaled rates.
 
-    python experiments/batch_size_ablation.py [--seeds 0 1 2] [--epochs 5] [--steps N] [--quick]
-        [--out experiments/results/batch_size_ablation]
+    python experiments/batch_size_ablation.py [--config F] [--seeds 0 1 2] [--epochs 5]
+        [--steps N] [--quick] [--out experiments/results/batch_size_ablation]
 
 The main job (``configs/simclr_mnist1d.py``, tau 0.2, L2-normalised NT-Xent) at global batch B
 in {32, 64, 128, 256, 512, 1024}, trained two ways:
@@ -110,9 +110,14 @@ def plan(batches: Sequence[int], epochs: float, steps: int | None, train_size: i
             for (batch, n), regimes in wanted.items()]
 
 
-def make_config(run: Run, seed: int, *, quick: bool = False):
-    """The main job's config (or its quick variant) at ``run``'s batch, steps, rate and warmup."""
-    config = load_config(f"{CONFIG}:seed={seed},batch={run.batch}" + (",quick" if quick else ""))
+def make_config(run: Run, seed: int, *, quick: bool = False, config_path: str = CONFIG):
+    """The main job's config (or its quick variant) at ``run``'s batch, steps, rate and warmup.
+
+    ``config_path``: any config with the variants ``seed``, ``batch`` and ``quick`` (a bigger
+    config runs the same ablation at pod scale; the rates scale from this script's base).
+    """
+    config = load_config(f"{config_path}:seed={seed},batch={run.batch}"
+                         + (",quick" if quick else ""))
     config.data.batch_size = run.batch  # the quick variant sets its own batch
     config.total_steps = run.steps
     config.optimizer.learning_rate = run.learning_rate
@@ -121,11 +126,11 @@ def make_config(run: Run, seed: int, *, quick: bool = False):
     return config
 
 
-def train_size() -> int:
-    """Training signals of the main job's dataset (MNIST-1D: 4000)."""
+def train_size(config_path: str = CONFIG) -> int:
+    """Training examples of the config's dataset (the main job's MNIST-1D: 4000)."""
     from contrastive_jax.data import open_split
 
-    config = load_config(CONFIG)
+    config = load_config(config_path)
     return len(open_split(config.data.name, config.data.train_split, None, None))
 
 
@@ -355,6 +360,8 @@ def figure(summary: Sequence[Mapping[str, Any]]):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=CONFIG, help="a SimCLR config file with the "
+                        "variants seed, batch, quick")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=float, default=5.0,
                         help="equal-epochs regime: passes over the data (the main job: 20)")
@@ -367,13 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     seeds = args.seeds[:1] if args.quick else args.seeds
     epochs = 0.1 if args.quick else args.epochs
-    size = train_size()
+    size = train_size(args.config)
     runs = plan(QUICK_BATCHES if args.quick else BATCHES, epochs, args.steps, size)
     jobs = [(run, seed) for run in runs for seed in seeds]
     rows, start = [], time.perf_counter()
     for i, (run, seed) in enumerate(jobs, 1):
         t0 = time.perf_counter()
-        measured = row_from_result(run_one(make_config(run, seed, quick=args.quick),
+        measured = row_from_result(run_one(make_config(run, seed, quick=args.quick,
+                                                       config_path=args.config),
                                            verbose=args.verbose))
         for regime in run.regimes:
             rows.append({"regime": regime, "batch": run.batch, "seed": seed, "steps": run.steps,
@@ -391,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = {s["steps"] for s in summary if s["regime"] == "equal_steps"}
     body = "\n\n".join([
         f"`python experiments/batch_size_ablation.py` ({len(jobs)} training runs, "
-        f"{time.perf_counter() - start:.0f} s). SimCLR on MNIST-1D (`{CONFIG}`"
+        f"{time.perf_counter() - start:.0f} s). SimCLR on MNIST-1D (`{args.config}`"
         + (", quick variant" if args.quick else "") + f", tau 0.2), seeds "
         f"{', '.join(map(str, seeds))}; mean ± std over seeds. Equal epochs: {epochs:g} epochs "
         f"of the {size} training signals (the main job: 20 epochs at batch 128); equal steps: "

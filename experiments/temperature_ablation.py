@@ -1,7 +1,7 @@
 """Temperature and L2-normalisation ablation of SimCLR on MNIST-1D (SimCLR Table 5's shape).
 
-    python experiments/temperature_ablation.py [--seeds 0 1 2] [--epochs 5] [--quick]
-        [--out experiments/results/temperature_ablation]
+    python experiments/temperature_ablation.py [--config configs/simclr_mnist1d.py]
+        [--seeds 0 1 2] [--epochs 5] [--quick] [--out experiments/results/temperature_ablation]
 
 The main job (``configs/simclr_mnist1d.py``) with a fixed temperature tau in {0.05, 0.1, 0.2,
 0.5, 1.0} or a learned log-temperature (``learn_temperature=True``, initialised at tau 0.2), each
@@ -97,8 +97,13 @@ def warmup_steps(total_steps: int, fraction: float = WARMUP_FRACTION) -> int:
     return min(max(1, round(fraction * total_steps)), total_steps - 1)
 
 
-def make_config(setting: Setting, seed: int, *, epochs: float, quick: bool = False):
+def make_config(setting: Setting, seed: int, *, epochs: float, quick: bool = False,
+                config_path: str = CONFIG):
     """The main job's config for ``setting`` (a variant string as ``--config`` takes it).
+
+    ``config_path``: any config with the variants ``seed``, ``temperature``,
+    ``learn_temperature``, ``epochs`` and ``quick`` and an ``nt_xent`` loss (a bigger SimCLR
+    config runs the same ablation at pod scale).
 
     ``learn_temperature`` makes tau a parameter ``log_scale = -log tau`` (000 P8), clamped at
     tau >= 1 / loss.max_scale = 0.01. ``normalize=False`` switches NT-Xent to dot-product logits,
@@ -107,7 +112,7 @@ def make_config(setting: Setting, seed: int, *, epochs: float, quick: bool = Fal
     variant = f"seed={seed},temperature={setting.temperature!r}"
     variant += ",learn_temperature=True" if setting.learned else ""
     variant += ",quick" if quick else f",epochs={epochs!r}"
-    config = load_config(f"{CONFIG}:{variant}")
+    config = load_config(f"{config_path}:{variant}")
     if not setting.normalize:
         config.loss.normalize = False
         config.loss.impl = "autodiff"
@@ -381,6 +386,8 @@ def figure(summary: Sequence[Mapping[str, Any]]):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=CONFIG, help="a SimCLR config file (see "
+                        "make_config for the variants it needs)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=float, default=5.0,
                         help="training epochs per run (the main job: 20)")
@@ -394,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(s, seed) for s in settings for seed in seeds]
     rows, start = [], time.perf_counter()
     for i, (setting, seed) in enumerate(runs, 1):
-        config = make_config(setting, seed, epochs=args.epochs, quick=args.quick)
+        config = make_config(setting, seed, epochs=args.epochs, quick=args.quick,
+                             config_path=args.config)
         batch = config.data.batch_size
         t0 = time.perf_counter()
         row = {"setting": setting.label, "normalize": setting.normalize,
@@ -412,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
               f"warmup {WARMUP_FRACTION:.0%} of the steps, AdamW lr 2e-3, weight decay 0.1")
     body = "\n\n".join([
         f"`python experiments/temperature_ablation.py` ({len(runs)} runs, "
-        f"{time.perf_counter() - start:.0f} s). SimCLR on MNIST-1D (`{CONFIG}`), {regime}; "
+        f"{time.perf_counter() - start:.0f} s). SimCLR on MNIST-1D (`{args.config}`), {regime}; "
         f"seeds {', '.join(map(str, seeds))}. Mean ± std over the seeds that did not diverge. "
         "Linear probe and kNN (k = 20, cosine) on the frozen encoder's test features; "
         "contrastive top-1 = how often an anchor's partner view is its nearest candidate "
