@@ -74,7 +74,8 @@ class LossSettings:
             raise ValueError("loss.normalize = False (dot-product logits) is an nt_xent ablation "
                              "implemented by impl='autodiff' without a strategy; got "
                              f"name={self.name!r}, impl={self.impl!r}, "
-                             f"strategy={self.strategy!r}")
+                             f"strategy={self.strategy!r} (set loss.impl = 'autodiff' and "
+                             "loss.strategy = '')")
         if not self.max_scale > 0:
             raise ValueError(f"loss.max_scale must be > 0 (inf: no cap); got {self.max_scale}")
         if not self.temperature > 0:

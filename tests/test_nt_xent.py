@@ -9,6 +9,7 @@ import pytest
 
 import reference_losses as ref
 from contrastive_jax.losses import nt_xent
+from contrastive_jax.objectives import LossSettings
 
 
 def _views(n, d, seed=0, noise=1.0):
@@ -123,3 +124,9 @@ def test_dot_product_logits_match_the_reference_and_reward_growing_norms():
     for impl in ("tiled", "analytic"):
         with pytest.raises(ValueError, match="impl='autodiff' only"):
             nt_xent(z1, z2, 0.5, impl=impl, normalize=False)
+    # the config's loss block says what to change
+    with pytest.raises(ValueError, match=r"set loss\.impl = 'autodiff'"):
+        LossSettings(normalize=False)
+    LossSettings(normalize=False, impl="autodiff", max_scale=float("inf"))
+    with pytest.raises(ValueError, match="max_scale must be > 0"):
+        LossSettings(max_scale=0.0)
