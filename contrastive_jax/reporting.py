@@ -48,6 +48,22 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def late_mean(rows: Sequence[Mapping[str, Any]], key: str, fraction: float = 0.1) -> float:
+    """Mean of ``key`` over the last ``fraction`` of the recorded rows (at least one)."""
+    tail = rows[-max(1, round(fraction * len(rows))):]
+    return statistics.fmean(float(r[key]) for r in tail)
+
+
+def accuracies(final: Mapping[str, Any]) -> dict[str, float]:
+    """The linear probe and kNN accuracy of an evaluation, those present (none if skipped)."""
+    return {k: final[k] for k in ("linear_probe", "knn") if k in final}
+
+
+def accuracy_cells(final: Mapping[str, Any]) -> tuple[str, str]:
+    """Linear probe and kNN as table cells ("–" when not evaluated)."""
+    return tuple(f"{final[k]:.4f}" if k in final else "–" for k in ("linear_probe", "knn"))
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A markdown table; floats are printed as given (format them first)."""
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]

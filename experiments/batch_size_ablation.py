@@ -27,18 +27,14 @@ Writes ``OUT.csv`` (one row per run and regime), ``OUT.md`` and ``OUT.png``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
-import json
 import math
-import pathlib
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contrastive_jax import sweep
 from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 CONFIG = "configs/simclr_mnist1d.py"
@@ -134,40 +130,9 @@ def train_size(config_path: str = CONFIG) -> int:
     return len(open_split(config.data.name, config.data.train_split, None, None))
 
 
-def tail_means(records: Sequence[Mapping[str, Any]], total_steps: int,
-               keys: Sequence[str] = TAIL_KEYS,
-               fraction: float = TAIL_FRACTION) -> dict[str, float]:
-    """Mean of each training metric over the ``metrics.jsonl`` records with ``prefix == "train"``
-    logged after step ``(1 - fraction) * total_steps`` (empty dict if there is none).
-
-    ``log N - L`` of one batch is a Monte Carlo value (002 A.12.5, remark 2); the mean over
-    several late batches is a steadier one (the same ``N`` in each)."""
-    tail = [r for r in records if r.get("prefix") == "train"
-            and r["step"] > (1 - fraction) * total_steps]
-    return {k: statistics.fmean(r[k] for r in tail) for k in keys} if tail else {}
-
-
 def run_one(config, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``train_and_evaluate`` in a temporary workdir, plus ``tail_metrics`` (:func:`tail_means`
-    of its ``metrics.jsonl``); None if it stopped on non-finite steps (``NonFiniteError``); a
-    run stopped by a signal ends the script (SystemExit).
-
-    The library's own console lines are swallowed unless ``verbose``.
-    """
-    from contrastive_jax.train import NonFiniteError, train_and_evaluate
-
-    sink = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
-    with tempfile.TemporaryDirectory() as workdir, sink:
-        try:
-            result = train_and_evaluate(config, workdir)
-        except NonFiniteError:
-            return None
-        if "stopped_at" in result:  # SIGTERM/SIGINT: the trainer checkpointed and returned
-            raise SystemExit(f"interrupted by a signal at step {result['stopped_at']}")
-        lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-    return {**result, "tail_metrics": tail_means(records, result["steps"])}
-
+    """:func:`contrastive_jax.sweep.run_one` with this script's late-training keys."""
+    return sweep.run_one(config, keys=TAIL_KEYS, fraction=TAIL_FRACTION, verbose=verbose)
 
 def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:
     """The measured columns of one run (None or a non-finite loss/probe/kNN: diverged, NaN).

@@ -44,9 +44,18 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.data import open_split, train_iterator
-from contrastive_jax.reporting import RESULTS, load_config, markdown_table, report
+from contrastive_jax.model_evaluation import evaluate
+from contrastive_jax.reporting import (
+    RESULTS,
+    accuracies,
+    accuracy_cells,
+    late_mean,
+    load_config,
+    markdown_table,
+    report,
+)
 from contrastive_jax.sharding import make_mesh
-from contrastive_jax.train import compiled_step, create_state, evaluate, total_steps
+from contrastive_jax.train import compiled_step, create_state, total_steps
 
 CONFIG = "configs/simclr_mnist1d.py"
 CLIP = 100.0
@@ -122,22 +131,6 @@ def train_run(config, every: int, final_eval: bool = True) -> tuple[float, list[
                          "loss": float(m["loss"]), "top1": float(m["top1"]),
                          "learning_rate": float(m["learning_rate"])})
     return t0, rows, evaluate(graphdef, state, config, mesh) if final_eval else {}
-
-
-def accuracies(final: dict) -> dict:
-    """The final linear probe and kNN accuracy, if the run was evaluated (not in --quick)."""
-    return {k: final[k] for k in ("linear_probe", "knn") if k in final}
-
-
-def accuracy_cells(final: dict) -> tuple[str, str]:
-    """Linear probe and kNN as table cells ("–" when not evaluated)."""
-    return tuple(f"{final[k]:.4f}" if k in final else "–" for k in ("linear_probe", "knn"))
-
-
-def late_mean(rows: Sequence[dict], key: str, fraction: float = 0.1) -> float:
-    """Mean of ``key`` over the last ``fraction`` of the recorded rows (at least one)."""
-    tail = rows[-max(1, round(fraction * len(rows))):]
-    return float(np.mean([r[key] for r in tail]))
 
 
 def first_step_at_clip(rows: Sequence[dict]) -> int | None:

@@ -24,19 +24,14 @@ seeds).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import io
 import itertools
-import json
 import math
-import pathlib
-import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contrastive_jax import sweep
 from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 CONFIG = "configs/simclr_mnist1d.py"
@@ -130,23 +125,14 @@ def _finite(*values: float) -> bool:
     return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
 
-def tail_means(records: Sequence[Mapping[str, Any]], total_steps: int,
-               keys: Sequence[str] = TAIL_KEYS,
-               fraction: float = TAIL_FRACTION) -> dict[str, float]:
-    """Mean of each training metric over the ``metrics.jsonl`` records with ``prefix == "train"``
-    logged after step ``(1 - fraction) * total_steps`` (empty dict if there is none)."""
-    tail = [r for r in records if r.get("prefix") == "train"
-            and r["step"] > (1 - fraction) * total_steps]
-    return {k: statistics.fmean(r[k] for r in tail) for k in keys} if tail else {}
-
-
 def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:
     """The measured columns of one run from ``train_and_evaluate``'s results (None: diverged).
 
     Top-1, loss, ``log N - L`` and the embedding norm are the late-training means of
-    ``result["tail_metrics"]`` when present (see :func:`tail_means`), else the last step's; the
-    temperature is the last step's. A run is ``diverged`` if it raised ``NonFiniteError``
-    (``result`` None) or its loss, probe or kNN is not finite; its accuracies are then NaN.
+    ``result["tail_metrics"]`` when present (see :func:`contrastive_jax.sweep.tail_means`),
+    else the last step's; the temperature is the last step's. A run is ``diverged`` if it
+    raised ``NonFiniteError`` (``result`` None) or its loss, probe or kNN is not finite; its
+    accuracies are then NaN.
     """
     nan = math.nan
     if result is None:
@@ -166,26 +152,8 @@ def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def run_one(config, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``train_and_evaluate`` in a temporary workdir, plus ``tail_metrics`` (:func:`tail_means`
-    of its ``metrics.jsonl``); None if it stopped on non-finite steps (``NonFiniteError``); a
-    run stopped by a signal ends the script (SystemExit).
-
-    The library's own console lines are swallowed unless ``verbose``.
-    """
-    from contrastive_jax.train import NonFiniteError, train_and_evaluate
-
-    sink = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
-    with tempfile.TemporaryDirectory() as workdir, sink:
-        try:
-            result = train_and_evaluate(config, workdir)
-        except NonFiniteError:
-            return None
-        if "stopped_at" in result:  # SIGTERM/SIGINT: the trainer checkpointed and returned
-            raise SystemExit(f"interrupted by a signal at step {result['stopped_at']}")
-        lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-    return {**result, "tail_metrics": tail_means(records, result["steps"])}
-
+    """:func:`contrastive_jax.sweep.run_one` with this script's late-training keys."""
+    return sweep.run_one(config, keys=TAIL_KEYS, fraction=TAIL_FRACTION, verbose=verbose)
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per setting (in first-seen order): seeds run and diverged, mean and std of each metric
