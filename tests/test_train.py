@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax import checkpointing, evaluation, train
+from contrastive_jax import checkpointing, evaluation, model_evaluation, train
 from contrastive_jax.data import train_iterator
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.sharding import make_mesh
@@ -239,12 +239,12 @@ def test_simclr_pairs_are_two_views_and_identical_without_augmentation():
     """pair_embeddings of SimCLR: two augmented views (alignment > 0); with every augmentation
     at strength 0 the views are the input itself, so the pairs coincide (alignment 0)."""
     config, mesh, graphdef, state, _ = setup("simclr_mnist1d.py:quick")
-    pairs = train.pair_embeddings(graphdef, state, config, mesh, "test")
+    pairs = model_evaluation.pair_embeddings(graphdef, state, config, mesh, "test")
     assert pairs["x"].shape == pairs["y"].shape == (1000, 8) and pairs["label"].shape == (1000,)
     assert evaluation.alignment(pairs["x"], pairs["y"]) > 1e-3
     config = copy.deepcopy(config)
     for name in config.augment:
         if name != "kind":
             config.augment[name] = 0.0
-    same = train.pair_embeddings(graphdef, state, config, mesh, "test")
+    same = model_evaluation.pair_embeddings(graphdef, state, config, mesh, "test")
     assert evaluation.alignment(same["x"], same["y"]) == pytest.approx(0.0, abs=1e-10)
