@@ -40,10 +40,8 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.data import open_split, train_iterator
+from contrastive_jax import sweep
 from contrastive_jax.model_evaluation import evaluate
 from contrastive_jax.reporting import (
     RESULTS,
@@ -54,8 +52,6 @@ from contrastive_jax.reporting import (
     markdown_table,
     report,
 )
-from contrastive_jax.sharding import make_mesh
-from contrastive_jax.train import compiled_step, create_state, total_steps
 
 CONFIG = "configs/simclr_mnist1d.py"
 CLIP = 100.0
@@ -113,24 +109,18 @@ def log_scale(params) -> float:
 def train_run(config, every: int, final_eval: bool = True) -> tuple[float, list[dict], dict]:
     """Train ``config``, recording ``t`` after every ``every``-th update (and the first and
     last): ``(t before training, rows, final evaluation)`` (``{}`` without ``final_eval``)."""
-    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
-    source = open_split(config.data.name, config.data.train_split,
-                        config.data.data_dir or None, config.data.options.to_dict() or None)
-    steps = total_steps(config, len(source))
-    graphdef, state, tx = create_state(config, steps)
-    state = jax.device_put(state, jax.tree.map(lambda _: NamedSharding(mesh, P()), state))
-    step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
-    stream = train_iterator(config.data, mesh)
+    started = sweep.start_run(config)
+    state, steps = started.state, started.steps
     t0, rows = log_scale(state["params"]), []
     for step in range(1, steps + 1):
-        state, metrics = step_fn(state, next(stream))
+        state, metrics = started.step_fn(state, next(started.stream))
         if step % every == 0 or step in (1, steps):
             m = jax.device_get(metrics)
             t = log_scale(state["params"])
             rows.append({"step": step, "log_scale": t, "temperature": math.exp(-t),
                          "loss": float(m["loss"]), "top1": float(m["top1"]),
                          "learning_rate": float(m["learning_rate"])})
-    return t0, rows, evaluate(graphdef, state, config, mesh) if final_eval else {}
+    return t0, rows, evaluate(started.graphdef, state, config, started.mesh) if final_eval else {}
 
 
 def first_step_at_clip(rows: Sequence[dict]) -> int | None:

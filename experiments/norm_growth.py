@@ -34,10 +34,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.data import open_split, train_iterator
+from contrastive_jax import sweep
 from contrastive_jax.model_evaluation import evaluate
 from contrastive_jax.optimizers import leaf_names
 from contrastive_jax.reporting import (
@@ -48,8 +46,6 @@ from contrastive_jax.reporting import (
     markdown_table,
     report,
 )
-from contrastive_jax.sharding import make_mesh
-from contrastive_jax.train import compiled_step, create_state, total_steps
 
 CONFIG = "configs/simclr_mnist1d.py"
 # run name -> (description, config overrides as (dotted key, value))
@@ -123,22 +119,16 @@ def run_config(name: str, quick: bool, seed: int):
 def train_run(config, every: int, final_eval: bool = True) -> tuple[list[dict], dict]:
     """Train ``config`` with the library's pieces, recording every ``every`` steps (and the
     first and last): ``(rows, final evaluation)`` (``{}`` without ``final_eval``)."""
-    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
-    source = open_split(config.data.name, config.data.train_split,
-                        config.data.data_dir or None, config.data.options.to_dict() or None)
-    steps = total_steps(config, len(source))
-    graphdef, state, tx = create_state(config, steps)
-    state = jax.device_put(state, jax.tree.map(lambda _: NamedSharding(mesh, P()), state))
-    step_fn = compiled_step(config, mesh, graphdef, state, tx, steps)
-    stream = train_iterator(config.data, mesh)
+    started = sweep.start_run(config)
+    state, steps = started.state, started.steps
     weights = jax.jit(scale_invariant_weights)
     n_params = int(weights(state["params"]).size)
     rows = []
     for step in range(1, steps + 1):
-        batch = next(stream)
+        batch = next(started.stream)
         record = step % every == 0 or step in (1, steps)
         before = np.asarray(weights(state["params"])) if record else None  # state is donated
-        state, metrics = step_fn(state, batch)
+        state, metrics = started.step_fn(state, batch)
         if record:
             after = np.asarray(weights(state["params"]))
             m = jax.device_get(metrics)
@@ -148,7 +138,7 @@ def train_run(config, every: int, final_eval: bool = True) -> tuple[list[dict], 
                          "weight_norm": norm, "n_params": n_params,
                          "effective_lr": effective_lr(lr, n_params, norm),
                          "angular_step": angular_step(before, after)})
-    return rows, evaluate(graphdef, state, config, mesh) if final_eval else {}
+    return rows, evaluate(started.graphdef, state, config, started.mesh) if final_eval else {}
 
 
 def summary_table(runs: dict[str, list[dict]], finals: dict[str, dict]) -> str:
