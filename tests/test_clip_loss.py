@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as fb
 import reference_losses as ref
 from contrastive_jax.losses import clip_loss, info_nce, logit_scale
 
@@ -21,17 +22,24 @@ def _rel(a, b):
     return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
+def _exact_and_bound(x, y, log_scale, direction="both", max_scale=100.0):
+    """The scale the float32 loss at this float32 ``log_scale`` stands for, and the float32
+    bound on the loss (tests/float32_bounds.py)."""
+    b = fb.bounds_for("clip", x, y, log_scale, direction, max_scale=max_scale)
+    return b.scale, b.loss
+
+
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17, 256], [1, 8, 64])))
 def test_matches_001_reference_in_float32(n, d):
     x, y = _pair(n, d, seed=n + d)
     for scale in (1.0, 14.3, 100.0):
         log_scale = np.float32(np.log(scale))
-        # The reference gets the float32 logit scale the loss actually uses (001's input).
-        expected = ref.clip_loss(x, y, float(logit_scale(log_scale)))
+        s, bound = _exact_and_bound(x, y, log_scale)
+        expected = ref.clip_loss(x, y, s)
         for impl in ("tiled", "analytic", "autodiff"):
             loss = clip_loss(x, y, log_scale, impl=impl, **({"block_size": 64} if impl == "tiled"
                                                           else {}))
-            np.testing.assert_allclose(loss, expected, rtol=1e-6, err_msg=impl)
+            fb.assert_within(loss, expected, bound, f"{impl}, scale {scale}")
 
 
 def test_batch_of_one_is_rejected():
@@ -42,27 +50,42 @@ def test_batch_of_one_is_rejected():
 
 def test_directions_are_the_two_info_nce_and_their_mean():
     x, y = _pair(9, 5, seed=1)
-    ls = jnp.log(20.0)
-    z = 20.0 * (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (
-        y / np.linalg.norm(y, axis=1, keepdims=True)).T
-    xy, yx = info_nce(z, jnp.arange(9)), info_nce(z.T, jnp.arange(9))
-    np.testing.assert_allclose(clip_loss(x, y, ls, direction="x_to_y"), xy, rtol=2e-6)
-    np.testing.assert_allclose(clip_loss(x, y, ls, direction="y_to_x"), yx, rtol=2e-6)
-    np.testing.assert_allclose(clip_loss(x, y, ls), 0.5 * (xy + yx), rtol=2e-6)
-    np.testing.assert_allclose(clip_loss(y, x, ls, direction="x_to_y"),
-                               clip_loss(x, y, ls, direction="y_to_x"), rtol=1e-6)
+    ls = np.float32(np.log(20.0))
+    s, _ = _exact_and_bound(x, y, ls)
+    z = np.float32(s) * (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (
+        y / np.linalg.norm(y, axis=1, keepdims=True)).T  # float32 logits, rounded like the loss's
+    for direction, logits in (("x_to_y", z), ("y_to_x", z.T)):
+        # Each side, and info_nce on those logits, against the exact loss within its bound.
+        exact = sum(p.loss for p in fb.clip_dense(x, y, s, direction))
+        _, bound = _exact_and_bound(x, y, ls, direction)
+        fb.assert_within(clip_loss(x, y, ls, direction=direction), exact, bound, direction)
+        fb.assert_within(info_nce(logits, jnp.arange(9)), exact, bound, f"info_nce {direction}")
+        fb.assert_within(ref.info_nce(logits, np.arange(9)), exact, bound, "reference")
+    both = sum(p.loss for p in fb.clip_dense(x, y, s, "both"))
+    assert abs(both - 0.5 * sum(sum(p.loss for p in fb.clip_dense(x, y, s, d))
+                                for d in ("x_to_y", "y_to_x"))) <= 1e-12 * both
+    fb.assert_within(clip_loss(x, y, ls), both, _exact_and_bound(x, y, ls)[1], "both")
+    # Swapping the inputs swaps the directions.
+    fb.assert_within(clip_loss(y, x, ls, direction="x_to_y"),
+                     sum(p.loss for p in fb.clip_dense(x, y, s, "y_to_x")),
+                     _exact_and_bound(x, y, ls, "y_to_x")[1], "swapped")
 
 
 def test_scale_is_clipped_at_max_scale_with_zero_log_scale_gradient():
     x, y = _pair(6, 4, seed=2)
-    at_cap = clip_loss(x, y, jnp.log(100.0))
-    np.testing.assert_allclose(clip_loss(x, y, jnp.log(1000.0)), at_cap, rtol=1e-6)
+    # Above the cap the scale is the constant 100 (exactly).
+    s, bound = _exact_and_bound(x, y, np.float32(np.log(1000.0)))
+    assert s == 100.0
+    fb.assert_within(clip_loss(x, y, jnp.log(1000.0)), ref.clip_loss(x, y, 100.0), bound)
     assert float(jax.grad(clip_loss, argnums=2)(x, y, jnp.log(1000.0))) == 0.0
     assert float(jax.grad(clip_loss, argnums=2)(x, y, 1e4)) == 0.0  # no inf * 0 = NaN
     assert float(jax.grad(clip_loss, argnums=2)(x, y, jnp.log(50.0))) != 0.0
-    np.testing.assert_allclose(clip_loss(x, y, jnp.log(500.0), max_scale=500.0),
-                               ref.clip_loss(x, y, 500.0), rtol=1e-6)
-    np.testing.assert_allclose(logit_scale(jnp.log(30.0)), 30.0, rtol=1e-6)
+    ls500 = np.float32(np.log(500.0))
+    s500, bound = _exact_and_bound(x, y, ls500, max_scale=500.0)
+    fb.assert_within(clip_loss(x, y, ls500, max_scale=500.0), ref.clip_loss(x, y, s500), bound)
+    # exp of the float32 log: |log 30| u from rounding the argument, C_FN u from exp itself.
+    np.testing.assert_allclose(logit_scale(jnp.log(30.0)), 30.0,
+                               rtol=(np.log(30.0) + fb.C_FN) * fb.U)
 
 
 @pytest.mark.parametrize("impl", ["autodiff", "analytic"])
@@ -83,9 +106,9 @@ def test_finite_at_scale_100(case, dtype, impl):
     assert jnp.isfinite(loss)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
     assert grads[0].dtype == dtype
-    if case in ("identical", "all_zero"):  # every logit equal: chance level
-        # float32 cosines of identical rows differ by ~1e-7, i.e. ~1e-5 in a logit of scale 100.
-        np.testing.assert_allclose(loss, np.log(n), atol=1e-5 if case == "identical" else 1e-6)
+    if case in ("identical", "all_zero"):  # every logit equal: chance level, log n exactly
+        x64 = np.asarray(x, np.float64)
+        fb.assert_within(loss, np.log(n), _exact_and_bound(x64, x64, np.log(100.0))[1], case)
 
 
 def test_bfloat16_inputs_compute_in_float32():
@@ -93,35 +116,42 @@ def test_bfloat16_inputs_compute_in_float32():
     xb, yb = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
     loss = clip_loss(xb, yb, jnp.log(100.0))
     assert loss.dtype == jnp.float32
-    expected = clip_loss(xb.astype(jnp.float32), yb.astype(jnp.float32), jnp.log(100.0))
-    np.testing.assert_allclose(loss, expected, rtol=1e-7)
-
-
-def test_well_separated_rows_keep_relative_precision():
-    # x_i = y_i = e_i: Z = s I exactly, each row and column loss is log1p((N - 1) e^-s).
-    n, s = 8, 20.0
-    x = jnp.eye(n, 16) * jnp.arange(1.0, n + 1)[:, None]
-    expected = np.log1p((n - 1) * np.exp(-np.float64(logit_scale(jnp.log(s)))))
-    np.testing.assert_allclose(clip_loss(x, x, jnp.log(s)), expected, rtol=1e-6)
+    # The bfloat16 rows, upcast exactly, are the float32 problem: the same bound holds.
+    x32, y32 = np.asarray(xb, np.float32), np.asarray(yb, np.float32)
+    s, bound = _exact_and_bound(x32, y32, jnp.log(100.0))
+    fb.assert_within(loss, ref.clip_loss(x32, y32, s), bound)
 
 
 @pytest.mark.parametrize("direction", ["both", "x_to_y", "y_to_x"])
 @pytest.mark.parametrize("log_scale", [np.log(14.3), np.log(100.0), np.log(250.0)])
 def test_analytic_backward_equals_autodiff(direction, log_scale):
-    for dtype, tol in ((jnp.float32, 1e-6), (jnp.float64, 1e-12)):
-        with jax.enable_x64(dtype == jnp.float64):
-            x, y = (jnp.asarray(a, dtype) for a in _pair(37, 24, seed=7))
-            x = x.at[5].set(0.0)  # the zero-norm branch of the normalisation
-            ls = jnp.asarray(log_scale, dtype)
-            out = {}
-            for impl in ("autodiff", "analytic"):
-                f = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)),
-                            static_argnames=("direction", "impl"))
-                out[impl] = f(x, y, ls, direction=direction, impl=impl)
-            (la, ga), (lb, gb) = out["autodiff"], out["analytic"]
-            np.testing.assert_allclose(lb, la, rtol=tol)
-            for a, b in zip(ga, gb, strict=True):
-                assert _rel(b, a) <= tol if np.any(np.asarray(a)) else np.all(np.asarray(b) == 0)
+    x, y = _pair(37, 24, seed=7)
+    x[5] = 0.0  # the zero-norm branch of the normalisation
+    f = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)),
+                static_argnames=("direction", "impl"))
+    with jax.enable_x64(True):  # float64: the two backward passes agree to round-off
+        x64, y64, ls64 = jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64), jnp.float64(
+            log_scale)
+        (la, ga), (lb, gb) = (f(x64, y64, ls64, direction=direction, impl=impl)
+                              for impl in ("autodiff", "analytic"))
+        np.testing.assert_allclose(lb, la, rtol=1e-12)
+        for a, b in zip(ga, gb, strict=True):
+            assert _rel(b, a) <= 1e-12 if np.any(np.asarray(a)) else np.all(np.asarray(b) == 0)
+    # float32: each impl against the float64 result, within the derived bounds.
+    ls32 = np.float32(log_scale)
+    b = fb.bounds_for("clip", x, y, ls32, direction)
+    with jax.enable_x64(True):
+        want_loss, want = f(x64, y64, jnp.float64(b.third), direction=direction,
+                            impl="autodiff")
+    for impl in ("autodiff", "analytic"):
+        loss, grads = f(x, y, ls32, direction=direction, impl=impl)
+        fb.assert_within(loss, want_loss, b.loss, impl)
+        fb.assert_rows_within(grads[0], want[0], b.rows_x, f"{impl} grad_x")
+        fb.assert_rows_within(grads[1], want[1], b.rows_y, f"{impl} grad_y")
+        if b.scale == 100.0:  # clipped: exactly 0
+            assert float(grads[2]) == 0.0
+        else:
+            fb.assert_within(grads[2], want[2], b.third_grad, f"{impl} grad_log_scale")
 
 
 def test_analytic_backward_returns_input_dtypes():

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as fb
 import reference_losses as ref
 from contrastive_jax.losses import nt_xent
 from contrastive_jax.objectives import LossSettings
@@ -20,27 +21,30 @@ def _views(n, d, seed=0, noise=1.0):
     return z1, z2.astype(np.float32)
 
 
+def _nt_xent_bound(z1, z2, tau):
+    """The float32 bound (tests/float32_bounds.py) of nt_xent on these views at float32 tau."""
+    return fb.bounds_for("nt_xent", z1, z2, tau).loss
+
+
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17], [1, 8, 64])))
 def test_matches_004_pseudocode_in_float32(n, d):
     for noise in (None, 0.3):  # independent views, then correlated views (tiny losses)
         z1, z2 = _views(n, d, seed=n * d, noise=noise)
         for tau in (1.0, 0.07, 0.01):
-            expected = ref.nt_xent(z1, z2, float(np.float32(tau)))
-            # A float32 cosine carries ~1e-7 of rounding, i.e. ~1e-7 / tau in each logit; a loss
-            # far below 1 (a confident positive) inherits that as a *relative* error.
-            # Below float32's smallest normal number (1.2e-38) a loss cannot be represented.
-            rtol = 1e-6 if expected > 1e-2 else max(1e-6, 2e-7 / tau)
+            tau32 = float(np.float32(tau))
+            expected = ref.nt_xent(z1, z2, tau32)
+            bound = _nt_xent_bound(z1, z2, tau32)
             for impl in ("tiled", "analytic", "autodiff"):
-                np.testing.assert_allclose(nt_xent(z1, z2, tau, impl=impl), expected, rtol=rtol,
-                                           atol=np.finfo(np.float32).tiny, err_msg=impl)
+                fb.assert_within(nt_xent(z1, z2, tau, impl=impl), expected, bound,
+                                 f"{impl}, tau {tau}, noise {noise}")
 
 
 @pytest.mark.parametrize("n", [2, 5, 64])
 @pytest.mark.parametrize("tau", [0.01, 0.5])
 def test_identical_embeddings_give_chance_level(n, tau):
-    z = jnp.ones((n, 8))
-    # Equal cosines up to float32 rounding (~1e-7, i.e. ~1e-7 / tau per logit).
-    np.testing.assert_allclose(nt_xent(z, z, tau), np.log(2 * n - 1), atol=max(1e-6, 2e-7 / tau))
+    z = np.ones((n, 8), np.float32)
+    tau32 = float(np.float32(tau))
+    fb.assert_within(nt_xent(z, z, tau), np.log(2 * n - 1), _nt_xent_bound(z, z, tau32))
 
 
 def test_self_similarity_is_masked():
@@ -56,22 +60,35 @@ def test_self_similarity_is_masked():
 
 def test_pairs_are_symmetric_in_the_two_views():
     z1, z2 = _views(6, 5, seed=2)
-    np.testing.assert_allclose(nt_xent(z1, z2, 0.2), nt_xent(z2, z1, 0.2), rtol=1e-6)
+    tau32 = float(np.float32(0.2))
+    expected = ref.nt_xent(z1, z2, tau32)
+    assert abs(ref.nt_xent(z2, z1, tau32) - expected) <= 1e-12 * expected
+    for a, b in ((z1, z2), (z2, z1)):
+        fb.assert_within(nt_xent(a, b, 0.2), expected, _nt_xent_bound(z1, z2, tau32))
 
 
 @pytest.mark.parametrize("tau", [0.05, 0.5])
 def test_analytic_backward_equals_autodiff(tau):
-    for dtype, tol in ((jnp.float32, 1e-6), (jnp.float64, 1e-12)):
-        with jax.enable_x64(dtype == jnp.float64):
-            z1, z2 = (jnp.asarray(a, dtype) for a in _views(29, 24, seed=3, noise=0.5))
-            z1 = z1.at[4].set(0.0)
-            t = jnp.asarray(tau, dtype)
-            f = jax.jit(jax.value_and_grad(nt_xent, argnums=(0, 1, 2)), static_argnames="impl")
-            (la, ga), (lb, gb) = f(z1, z2, t, impl="autodiff"), f(z1, z2, t, impl="analytic")
-            np.testing.assert_allclose(lb, la, rtol=tol)
-            for a, b in zip(ga, gb, strict=True):
-                a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-                assert np.linalg.norm(a - b) <= tol * np.linalg.norm(a)
+    z1, z2 = _views(29, 24, seed=3, noise=0.5)
+    z1[4] = 0.0
+    f = jax.jit(jax.value_and_grad(nt_xent, argnums=(0, 1, 2)), static_argnames="impl")
+    with jax.enable_x64(True):  # float64: the two backward passes agree to round-off
+        a, b, t = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64), jnp.float64(tau)
+        (la, ga), (lb, gb) = f(a, b, t, impl="autodiff"), f(a, b, t, impl="analytic")
+        np.testing.assert_allclose(lb, la, rtol=1e-12)
+        for x, y in zip(ga, gb, strict=True):
+            x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+            assert np.linalg.norm(x - y) <= 1e-12 * np.linalg.norm(x)
+        tau32 = float(np.float32(tau))
+        want_loss, want = f(a, b, jnp.float64(tau32), impl="autodiff")
+    # float32: each impl against the float64 result, within the derived bounds.
+    bounds = fb.bounds_for("nt_xent", z1, z2, tau32)
+    for impl in ("autodiff", "analytic"):
+        loss, grads = f(z1, z2, np.float32(tau), impl=impl)
+        fb.assert_within(loss, want_loss, bounds.loss, impl)
+        fb.assert_rows_within(grads[0], want[0], bounds.rows_x, f"{impl} grad_z1")
+        fb.assert_rows_within(grads[1], want[1], bounds.rows_y, f"{impl} grad_z2")
+        fb.assert_within(grads[2], want[2], bounds.third_grad, f"{impl} grad_tau")
 
 
 @pytest.mark.parametrize("impl", ["autodiff", "analytic"])

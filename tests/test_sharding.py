@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as fb
 from contrastive_jax.communication import (
     collective_bytes,
     expected_bytes,
@@ -33,19 +34,46 @@ def _mesh(devices):
 
 
 def _batch(seed=0):
-    k = jax.random.split(jax.random.key(seed), 4)
-    inputs = jax.random.normal(k[0], (N, D_IN))
-    views = inputs + 0.3 * jax.random.normal(k[1], (N, D_IN))
-    w = jax.random.normal(k[2], (D_IN, D)) / np.sqrt(D_IN)
-    return inputs.at[5].set(0.0), views, w  # a zero row: its embedding has norm 0
+    """Inputs, views and an encoder of small dyadic numbers: ``inputs @ w`` is exact in float32,
+    so the embeddings the losses see are the float64 ones and the float32 bounds apply."""
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(-4, 5, size=(N, D_IN)).astype(np.float32)
+    views = inputs + rng.integers(-1, 2, size=(N, D_IN)).astype(np.float32)
+    w = rng.integers(-3, 4, size=(D_IN, D)).astype(np.float32) / 4
+    inputs[5] = 0.0  # a zero row: its embedding has norm 0
+    return jnp.asarray(inputs), jnp.asarray(views), jnp.asarray(w)
 
 
 def _train_step_grads(loss_fn):
-    """Loss and gradients w.r.t. replicated parameters (encoder, temperature) and embeddings."""
+    """Loss and gradients w.r.t. replicated parameters (encoder, temperature) and inputs."""
     def objective(w, third, a, b):
         return loss_fn(a @ w, b @ w, third)
 
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2, 3)))
+
+
+def _assert_float32(kind, dense, got, third, batch, direction="both"):
+    """``got`` (a float32 train-step result) within the float32 bounds of ``dense`` (the
+    single-device loss ``(a, b, t) -> L``) evaluated in float64 on the same batch."""
+    inputs, views, w = (np.asarray(v, np.float64) for v in batch)
+    x, y = inputs @ w, views @ w
+    assert np.array_equal(np.asarray(batch[0] @ batch[2], np.float64), x)  # exact in float32
+    b = fb.bounds_for(kind, x, y, third, direction)
+    with jax.enable_x64(True):
+        want_loss, (gw, gt, ga, gb) = _train_step_grads(dense)(
+            jnp.asarray(w), jnp.float64(b.third), jnp.asarray(inputs), jnp.asarray(views))
+        gx, gy = jax.grad(lambda a, c: dense(a, c, jnp.float64(b.third)), argnums=(0, 1))(
+            jnp.asarray(x), jnp.asarray(y))
+    bw, ba, bb = fb.encoder_grad_bounds(inputs, views, w, gx, gy, b.rows_x, b.rows_y)
+    loss, (w_grad, t_grad, a_grad, b_grad) = got
+    fb.assert_within(loss, want_loss, b.loss, "loss")
+    fb.assert_within(w_grad, gw, bw, "encoder gradient")
+    fb.assert_within(a_grad, ga, ba, "first input gradient")
+    fb.assert_within(b_grad, gb, bb, "second input gradient")
+    if kind == "clip" and b.scale == 100.0:
+        assert float(t_grad) == 0.0  # clipped
+    else:
+        fb.assert_within(t_grad, gt, b.third_grad, "scale gradient")
 
 
 def _assert_close(got, want, tol=1e-5):
@@ -58,41 +86,42 @@ def _assert_close(got, want, tol=1e-5):
 @pytest.mark.parametrize("devices", [2, 4, 8])
 @pytest.mark.parametrize("strategy", EXACT)
 def test_clip_equals_single_device(devices, strategy):
-    inputs, views, w = _batch()
+    batch = _batch()
     mesh = _mesh(devices)
-    third = jnp.log(20.0)
-    want = _train_step_grads(lambda a, b, t: clip_loss(a, b, t, impl="autodiff"))(
-        w, third, inputs, views)
-    got = _train_step_grads(lambda a, b, t: sharded_clip_loss(
-        a, b, t, mesh=mesh, strategy=strategy, block_size=4))(w, third, inputs, views)
-    _assert_close(got, want)
+    third = jnp.float32(np.log(20.0))
+    dense = lambda a, b, t: clip_loss(a, b, t, impl="autodiff")  # noqa: E731
+    for loss in (dense, lambda a, b, t: sharded_clip_loss(a, b, t, mesh=mesh, strategy=strategy,
+                                                          block_size=4)):
+        _assert_float32("clip", dense, _train_step_grads(loss)(batch[2], third, *batch[:2]),
+                        third, batch)
 
 
 @pytest.mark.parametrize("strategy", EXACT)
 @pytest.mark.parametrize("direction", ["x_to_y", "y_to_x"])
 def test_clip_one_direction_and_clip_active(strategy, direction):
-    inputs, views, w = _batch(1)
+    batch = _batch(1)
     mesh = _mesh(4)
-    third = jnp.log(150.0)  # above log(100): the scale is clipped and its gradient is 0
-    want = _train_step_grads(lambda a, b, t: clip_loss(a, b, t, direction=direction,
-                                                       impl="autodiff"))(w, third, inputs, views)
+    third = jnp.float32(np.log(150.0))  # above log(100): the scale is clipped, its gradient 0
     got = _train_step_grads(lambda a, b, t: sharded_clip_loss(
         a, b, t, mesh=mesh, strategy=strategy, direction=direction, block_size=5))(
-        w, third, inputs, views)
-    _assert_close(got, want)
+        batch[2], third, *batch[:2])
+    _assert_float32("clip", lambda a, b, t: clip_loss(a, b, t, direction=direction,
+                                                      impl="autodiff"),
+                    got, third, batch, direction)
     assert float(got[1][1]) == 0.0
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
 @pytest.mark.parametrize("strategy", EXACT)
 def test_nt_xent_equals_single_device(devices, strategy):
-    inputs, views, w = _batch(2)
+    batch = _batch(2)
     mesh = _mesh(devices)
-    want = _train_step_grads(lambda a, b, t: nt_xent(a, b, t, impl="autodiff"))(
-        w, 0.2, inputs, views)
-    got = _train_step_grads(lambda a, b, t: sharded_nt_xent(
-        a, b, t, mesh=mesh, strategy=strategy, block_size=4))(w, 0.2, inputs, views)
-    _assert_close(got, want)
+    third = jnp.float32(0.2)
+    dense = lambda a, b, t: nt_xent(a, b, t, impl="autodiff")  # noqa: E731
+    for loss in (dense, lambda a, b, t: sharded_nt_xent(a, b, t, mesh=mesh, strategy=strategy,
+                                                        block_size=4)):
+        _assert_float32("nt_xent", dense, _train_step_grads(loss)(batch[2], third, *batch[:2]),
+                        third, batch)
 
 
 def _clip_terms(x, y, log_scale, rows):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import float32_bounds as fb
 from contrastive_jax.losses import clip_loss, nt_xent
 
 CASES = [  # (N, block): not divisible, smaller than one block, exact multiple, tiny
@@ -53,58 +54,101 @@ def _assert_same(dense, tiled, tol):
         assert _rel(b, a) <= tol, (_rel(b, a), tol)
 
 
+def _assert_float32(loss, x, y, third, results, direction="both", rounding=0.0):
+    """Each ``(value, grads)`` in ``results`` within the float32 bounds of the float64 loss.
+
+    ``rounding``: the gradients were rounded to a narrower dtype with this unit roundoff.
+    """
+    b = fb.bounds_for("clip" if loss is clip_loss else "nt_xent", x, y, third, direction)
+    kw = {"direction": direction} if loss is clip_loss else {}
+    with jax.enable_x64(True):
+        want_loss, want = _value_and_grads(loss, "autodiff", jnp.asarray(x, jnp.float64),
+                                           jnp.asarray(y, jnp.float64), jnp.float64(b.third),
+                                           **kw)
+    clipped = loss is clip_loss and b.scale == 100.0
+    for name, (value, grads) in results.items():
+        fb.assert_within(value, want_loss, b.loss, name)
+        for g, w, rows, what in ((grads[0], want[0], b.rows_x, "first"),
+                                 (grads[1], want[1], b.rows_y, "second")):
+            w = np.asarray(w)
+            fb.assert_rows_within(g, w, rows + rounding * 1.01 * np.linalg.norm(w, axis=1)
+                                  / (1 - rounding), f"{name} grad {what}")
+        if clipped:
+            assert float(grads[2]) == 0.0
+        else:
+            fb.assert_within(grads[2], want[2], b.third_grad, f"{name} grad third")
+
+
 # every size case for both directions; each one-sided loss on the uneven case (37, 8)
 @pytest.mark.parametrize("n, block, direction", [(n, b, "both") for n, b in CASES] + [
     (37, 8, "x_to_y"), (37, 8, "y_to_x")])
 def test_clip_tiled_equals_dense(n, block, direction):
-    # float64 pins the algebra to round-off on every case; float32 on the uneven one
-    precisions = [(jnp.float64, 1e-12)] + ([(jnp.float32, 1e-5)] if n == 37 else [])
-    for dtype, tol in precisions:
-        with jax.enable_x64(dtype == jnp.float64):
-            x, y = _data(n, 12, dtype)
-            for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):  # last two: clipped
-                ls = jnp.asarray(log_scale, dtype)
-                dense = _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction)
-                tiled = _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
-                                         block_size=block)
-                _assert_same(dense, tiled, tol)
+    # float64 pins the algebra to round-off on every case
+    with jax.enable_x64(True):
+        x, y = _data(n, 12, jnp.float64)
+        for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):  # last two: clipped
+            ls = jnp.asarray(log_scale, jnp.float64)
+            dense = _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction)
+            tiled = _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
+                                     block_size=block)
+            _assert_same(dense, tiled, 1e-12)
+    if n != 37:
+        return
+    # float32 on the uneven case: both within the derived bounds of the float64 loss
+    x, y = _data(n, 12, jnp.float32)
+    for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):
+        ls = jnp.float32(log_scale)
+        _assert_float32(clip_loss, x, y, ls, {
+            "dense": _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction),
+            "tiled": _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
+                                      block_size=block)}, direction)
 
 
 @pytest.mark.parametrize("n, block", CASES)
 def test_nt_xent_tiled_equals_dense(n, block):
-    precisions = [(jnp.float64, 1e-12)] + ([(jnp.float32, 1e-5)] if n == 37 else [])
-    for dtype, tol in precisions:
-        with jax.enable_x64(dtype == jnp.float64):
-            z1, z2 = _data(n, 12, dtype)
-            for tau in (1.0, 0.1, 0.01):
-                t = jnp.asarray(tau, dtype)
-                dense = _value_and_grads(nt_xent, "autodiff", z1, z2, t)
-                tiled = _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)
-                _assert_same(dense, tiled, tol)
+    with jax.enable_x64(True):
+        z1, z2 = _data(n, 12, jnp.float64)
+        for tau in (1.0, 0.1, 0.01):
+            t = jnp.asarray(tau, jnp.float64)
+            dense = _value_and_grads(nt_xent, "autodiff", z1, z2, t)
+            tiled = _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)
+            _assert_same(dense, tiled, 1e-12)
+    if n != 37:
+        return
+    z1, z2 = _data(n, 12, jnp.float32)
+    for tau in (1.0, 0.1, 0.01):
+        t = jnp.float32(tau)
+        _assert_float32(nt_xent, z1, z2, t, {
+            "dense": _value_and_grads(nt_xent, "autodiff", z1, z2, t),
+            "tiled": _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)})
 
 
 def test_clustered_data_at_scale_100_stays_exact():
     # Logits in one tile span ~200: an online log-sum-exp with a single shared shift would
     # underflow whole rows; the per-row and per-column statistics must not.
     x, y = _data(48, 16, jnp.float32, clustered=True)
-    dense = _value_and_grads(clip_loss, "autodiff", x, y, jnp.log(100.0))
-    tiled = _value_and_grads(clip_loss, "tiled", x, y, jnp.log(100.0), block_size=16)
-    _assert_same(dense, tiled, 1e-5)
-    dense = _value_and_grads(nt_xent, "autodiff", x, y, 0.01)
-    tiled = _value_and_grads(nt_xent, "tiled", x, y, 0.01, block_size=16)
-    _assert_same(dense, tiled, 1e-5)
+    ls = jnp.float32(np.log(100.0))
+    _assert_float32(clip_loss, x, y, ls, {
+        "dense": _value_and_grads(clip_loss, "autodiff", x, y, ls),
+        "tiled": _value_and_grads(clip_loss, "tiled", x, y, ls, block_size=16)})
+    t = jnp.float32(0.01)
+    _assert_float32(nt_xent, x, y, t, {
+        "dense": _value_and_grads(nt_xent, "autodiff", x, y, t),
+        "tiled": _value_and_grads(nt_xent, "tiled", x, y, t, block_size=16)})
 
 
 @pytest.mark.parametrize("loss", [clip_loss, nt_xent])
 def test_bfloat16_inputs(loss):
     x, y = (a.astype(jnp.bfloat16) for a in _data(40, 16, jnp.float32))
-    third = jnp.log(100.0) if loss is clip_loss else 0.05
-    lt, gt = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third, impl="tiled", block_size=16)
-    ld, gd = jax.value_and_grad(loss, argnums=(0, 1))(x, y, third, impl="autodiff")
+    third = jnp.float32(np.log(100.0) if loss is clip_loss else 0.05)
+    lt, gt = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, third, impl="tiled",
+                                                         block_size=16)
+    ld, gd = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, third, impl="autodiff")
     assert lt.dtype == jnp.float32 and gt[0].dtype == jnp.bfloat16
-    assert _rel(lt, ld) <= 1e-5
-    for a, b in zip(gd, gt, strict=True):  # both round their float32 gradient to bfloat16
-        assert _rel(b, a) <= 1e-2
+    # The bfloat16 rows upcast exactly: the float32 bounds, plus the rounding of each gradient
+    # entry to bfloat16 (unit roundoff 2^-8).
+    _assert_float32(loss, np.asarray(x, np.float32), np.asarray(y, np.float32), third,
+                    {"tiled": (lt, gt), "dense": (ld, gd)}, rounding=2.0**-8)
 
 
 def _largest_intermediate(jaxpr) -> int:
