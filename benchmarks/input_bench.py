@@ -2,7 +2,8 @@
 
     python benchmarks/input_bench.py [--batch 512] [--steps 40] [--threads 0 1 2]
 
-For each dataset and each ``num_threads`` it builds :func:`contrastive_jax.data.train_iterator`
+For each dataset and each ``num_threads`` it builds
+:func:`contrastive_jax.training.data.train_iterator`
 (one process, a one-device mesh), takes one batch (start-up: opening the split, the first read),
 then times ``--steps`` batches with nothing else running, so the number is the reader's own
 rate. In training the reader works in grain's background threads while the step runs (JAX
@@ -25,8 +26,8 @@ DATASETS = ("mnist1d", "digits", "digit_captions/mnist1d")
 def measure(name: str, batch: int, steps: int, threads: int) -> float:
     import jax
 
-    from contrastive_jax.data import default_config, train_iterator
-    from contrastive_jax.sharding import make_mesh
+    from contrastive_jax.mesh import make_mesh
+    from contrastive_jax.training.data import default_config, train_iterator
 
     config = default_config()
     config.update({"name": name, "batch_size": batch, "num_threads": threads})
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    from contrastive_jax.data import prepare
+    from contrastive_jax.training.data import prepare
 
     for name in DATASETS:
         prepare(name)

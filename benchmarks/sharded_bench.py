@@ -3,7 +3,7 @@
     python benchmarks/sharded_bench.py [--devices 8] [--sizes 4096 16384] [--d 512] [--runs 3]
 
 For each loss (CLIP both directions, NT-Xent with N pairs = 2N views) and strategy it compiles
-``value_and_grad`` of :func:`contrastive_jax.sharding.sharded_clip_loss` /
+``value_and_grad`` of :func:`contrastive_jax.losses.sharded.sharded_clip_loss` /
 ``sharded_nt_xent`` (w.r.t. both embeddings and the temperature) under ``jit`` on a
 ``data`` mesh of ``--devices`` CPU devices, and reports:
 
@@ -18,7 +18,7 @@ For each loss (CLIP both directions, NT-Xent with N pairs = 2N views) and strate
   loops it sits in (XLA's ``known_trip_count``), at ``(D - 1) / D`` of the gathered or
   reduced array for the first two.
 
-The formula and the HLO count are :mod:`contrastive_jax.communication`.
+The formula and the HLO count are :mod:`contrastive_jax.losses.traffic`.
 
 Writes ``experiments/results/sharded_bench.md``.
 """
@@ -40,8 +40,9 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
     import jax.numpy as jnp
     import numpy as np
 
-    from contrastive_jax.communication import collective_bytes, expected_bytes
-    from contrastive_jax.sharding import make_mesh, sharded_clip_loss, sharded_nt_xent
+    from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_nt_xent
+    from contrastive_jax.losses.traffic import collective_bytes, expected_bytes
+    from contrastive_jax.mesh import make_mesh
 
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     rows = n_total if loss == "clip" else n_total // 2  # NT-Xent: N = 2 x pairs rows in S

@@ -11,9 +11,9 @@ logit scale (init 1 / 0.07, capped at 100). Identical captions in a batch are fa
 
 import ml_collections
 
-from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import TINY_SIGNAL_CNN, base_config, make_quick, parse
-from contrastive_jax.data import captions
+from contrastive_jax.training import augmentations, data
+from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training.data import captions
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -40,6 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # SigLIP starts at scale 10, bias -10; CLIP at 1 / 0.07
         "init_temperature": 0.1 if v.loss == "siglip" else 0.07,
     }
+    config.method = v.loss
     config.loss = {"name": v.loss, "strategy": v.strategy}
     config.evaluation.zero_shot_prompts = "signal"  # "a plot of the digit seven", ...
     # a caption says the class and a template drawn independently of the signal, so a text

@@ -12,7 +12,7 @@ and centre-cropped to 224, captions tokenised with the word vocabulary file
 ``data.preprocess.vocabulary`` (build one from the dataset's captions; the default is the
 package's tiny digit vocabulary) and cut at 32 tokens. The loss is the exact CLIP loss with
 negatives passed round a ring of all devices (memory O(N d / D) per device,
-contrastive_jax.sharding), so the 32768 x 32768 logits are never built anywhere.
+contrastive_jax.losses.sharded), so the 32768 x 32768 logits are never built anywhere.
 
 Variants: ``data`` (TFDS name), ``batch``, ``steps``, ``strategy``, ``tiny`` (a few-KB model,
 batch 16, one step: the test suite runs it on 8 CPU devices).
@@ -20,8 +20,8 @@ batch 16, one step: the test suite runs it on 8 CPU devices).
 
 import ml_collections
 
-from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import base_config, parse
+from contrastive_jax.training import augmentations, data
+from contrastive_jax.training.config import base_config, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -52,6 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "embed_dim": 512,
         "init_temperature": 0.07,
     }
+    config.method = "clip"
     config.loss = {"name": "clip", "strategy": v.strategy, "block_size": 1024}
     config.optimizer = {"name": "adamw", "learning_rate": 5e-4, "warmup_steps": 2000,
                         "b1": 0.9, "b2": 0.98, "eps": 1e-6, "weight_decay": 0.2,

@@ -11,8 +11,8 @@ log N (log 64 = 4.16 at batch 64; 002 A.12.10). Variants: ``mi``, ``batch``, ``s
 
 import ml_collections
 
-from contrastive_jax import data
-from contrastive_jax.config_base import base_config, parse
+from contrastive_jax.training import data
+from contrastive_jax.training.config import base_config, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "embed_dim": 32,
         "init_temperature": 0.1,
     }
+    config.method = "mi_critic"
     config.loss = {"name": "clip", "direction": "x_to_y", "impl": "autodiff"}
     config.optimizer = {"name": "adamw", "learning_rate": 5e-4, "b1": 0.9, "b2": 0.999}
     config.evaluation.enabled = False  # no labels: the estimate is the result

@@ -8,8 +8,8 @@ Variants: ``batch``, ``epochs``, ``queue`` (a multiple of ``batch``), ``momentum
 
 import ml_collections
 
-from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training import augmentations, data
+from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -30,6 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "momentum": v.momentum,
         "queue_size": v.queue,
     }
+    config.method = "moco"
     config.loss = {"name": "moco", "temperature": v.temperature}
     config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 50,
                         "weight_decay": 1e-4}

@@ -9,8 +9,8 @@ Variants (``configs/simclr_mnist1d.py:key=value,...``): ``batch`` (global batch)
 
 import ml_collections
 
-from contrastive_jax import augmentations, data
-from contrastive_jax.config_base import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training import augmentations, data
+from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -34,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "learn_temperature": v.learn_temperature,
         "init_temperature": v.temperature,
     }
+    config.method = "simclr"
     config.loss = {"name": "nt_xent", "temperature": v.temperature, "impl": "tiled",
                    "strategy": v.strategy,
                    # ablations (experiments/): normalize=False is dot-product logits (needs

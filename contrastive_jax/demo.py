@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax import gradcheck
+from contrastive_jax.analytic import gradcheck
 from contrastive_jax.losses import clip_loss, info_nce, mi_lower_bound, moco_infonce, nt_xent
 
 

@@ -22,7 +22,7 @@ import uuid
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from contrastive_jax.distributed import initialize, launch_settings
+from contrastive_jax.training.distributed import initialize, launch_settings
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
@@ -57,15 +57,15 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     check_workdir(_WORKDIR.value)
     initialize(launch_settings(config.get("launch")))
-    from contrastive_jax.train import train_and_evaluate  # after the distributed start-up
+    from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
     train_and_evaluate(config, _WORKDIR.value)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from contrastive_jax.checkpointing import CheckpointError
-    from contrastive_jax.data.sources import DatasetNotPreparedError
-    from contrastive_jax.train import NonFiniteError
+    from contrastive_jax.training.checkpoints import CheckpointError
+    from contrastive_jax.training.data.sources import DatasetNotPreparedError
+    from contrastive_jax.training.train import NonFiniteError
 
     # ValueError / TypeError / KeyError / AttributeError: bad settings (config_flags reports
     # unknown keys as AttributeError with "Did you mean ...", wrong types as TypeError)

@@ -34,8 +34,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contrastive_jax import sweep
-from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
+from common import sweep
+from common.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 CONFIG = "configs/simclr_mnist1d.py"
 BATCHES = (32, 64, 128, 256, 512, 1024)
@@ -124,14 +124,14 @@ def make_config(run: Run, seed: int, *, quick: bool = False, config_path: str = 
 
 def train_size(config_path: str = CONFIG) -> int:
     """Training examples of the config's dataset (the main job's MNIST-1D: 4000)."""
-    from contrastive_jax.data import open_split
+    from contrastive_jax.training.data import open_split
 
     config = load_config(config_path)
     return len(open_split(config.data.name, config.data.train_split, None, None))
 
 
 def run_one(config, *, verbose: bool = False) -> dict[str, Any] | None:
-    """:func:`contrastive_jax.sweep.run_one` with this script's late-training keys."""
+    """:func:`common.sweep.run_one` with this script's late-training keys."""
     return sweep.run_one(config, keys=TAIL_KEYS, fraction=TAIL_FRACTION, verbose=verbose)
 
 def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 
 Prints the table and writes ``gradcheck.md`` (the table), ``gradcheck.csv`` (one row per check)
 and ``gradcheck.png`` (the errors as a log-scale bar chart) through
-:func:`contrastive_jax.reporting.report`. Each row is the worst normwise relative error
+:func:`common.reporting.report`. Each row is the worst normwise relative error
 ``||formula - autodiff||_2 / ||autodiff||_2`` over the shapes and seeds listed in the header.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from contrastive_jax import gradcheck
-from contrastive_jax.reporting import RESULTS, report
+from common.reporting import RESULTS, report
+from contrastive_jax.analytic import gradcheck
 
 DEFAULT_OUT = RESULTS / "gradcheck"
 FLOOR = 1e-30  # errors below this (exact zeros) are drawn at the floor of the log axis

@@ -41,9 +41,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from contrastive_jax import sweep
-from contrastive_jax.model_evaluation import evaluate
-from contrastive_jax.reporting import (
+from common import sweep
+from common.reporting import (
     RESULTS,
     accuracies,
     accuracy_cells,
@@ -52,6 +51,7 @@ from contrastive_jax.reporting import (
     markdown_table,
     report,
 )
+from contrastive_jax.training.evaluation.frozen_model import evaluate
 
 CONFIG = "configs/simclr_mnist1d.py"
 CLIP = 100.0
@@ -111,12 +111,12 @@ def train_run(config, every: int, final_eval: bool = True) -> tuple[float, list[
     last): ``(t before training, rows, final evaluation)`` (``{}`` without ``final_eval``)."""
     started = sweep.start_run(config)
     state, steps = started.state, started.steps
-    t0, rows = log_scale(state["params"]), []
+    t0, rows = log_scale(state.params), []
     for step in range(1, steps + 1):
         state, metrics = started.step_fn(state, next(started.stream))
         if step % every == 0 or step in (1, steps):
             m = jax.device_get(metrics)
-            t = log_scale(state["params"])
+            t = log_scale(state.params)
             rows.append({"step": step, "log_scale": t, "temperature": math.exp(-t),
                          "loss": float(m["loss"]), "top1": float(m["top1"]),
                          "learning_rate": float(m["learning_rate"])})

@@ -3,7 +3,8 @@
     python experiments/mi_bound.py [--out experiments/results/mi_bound] [--seed 0] [--quick]
 
 Setup (Poole et al. 2019, Fig. 2). x ~ N(0, I_20), y = rho x + sqrt(1 - rho^2) eps, so
-I(X; Y) = -(20 / 2) log(1 - rho^2) nats (:mod:`contrastive_jax.data.correlated_gaussians`). One
+I(X; Y) = -(20 / 2) log(1 - rho^2) nats
+(:mod:`contrastive_jax.training.data.correlated_gaussians`). One
 training run per (critic, batch size N) steps the true MI through 2, 4, 6, 8, 10 nats, 4000 steps
 per stage (a staircase; the critic and the Adam state carry over between stages), a fresh batch
 of N pairs every step, Adam at 5e-4. The loss is one-directional InfoNCE (x -> y) on the (N, N)
@@ -16,7 +17,7 @@ arange(N))``, and the estimate is the bound of 002 A.12.5 (Theorem A.12.1, A.12.
 never exceeds log N (log 64 = 4.16, log 512 = 6.24), so it saturates once I > log N; and the
 bound holds for the expected loss, so a single batch's log N - L may exceed the true MI.
 
-Critics (:mod:`contrastive_jax.models.critics`), as in Poole et al.:
+Critics (:mod:`contrastive_jax.training.models.critics`), as in Poole et al.:
 
 * separable: ``S = g(x) h(y)^T``, two MLPs of 2 x 256 ReLU with 32-d outputs. We use Poole's
   plain dot product, not the cosine x learnable scale of ``configs/mi_gaussian.py``: it is the
@@ -37,11 +38,12 @@ before; ``--concat-steps-per-stage 4000`` gives the full protocol); the table an
 so. The default run takes about 12 minutes with the machine shared (8 minutes of CPU time).
 
 A reference line (:func:`optimal_estimates`): the optimal critic log p(y | x) / p(y)
-(:func:`~contrastive_jax.data.correlated_gaussians.log_density_ratio`) on the same fresh batches,
+(:func:`~contrastive_jax.training.data.correlated_gaussians.log_density_ratio`) on the same fresh
+batches,
 the best the bound can do at each N: what separates it from min(I, log N) is the bound's own gap,
 what separates a trained critic from it is training.
 
-Output (:func:`contrastive_jax.reporting.report`): ``OUT.csv`` one row per (critic, N, stage):
+Output (:func:`common.reporting.report`): ``OUT.csv`` one row per (critic, N, stage):
 the EMA of the training estimate at the end of the stage, the estimate on 20 fresh batches after
 the stage (mean, std, max; how many exceed the true MI) and the optimal critic's on the same
 batches, how many training batches of the stage exceeded the true MI, the measured time per
@@ -65,15 +67,15 @@ import numpy as np
 import optax
 from flax import nnx
 
-from contrastive_jax.data.correlated_gaussians import (
+from common.reporting import RESULTS, markdown_table, mean_std, report, write_csv
+from contrastive_jax.losses import info_nce, mi_lower_bound
+from contrastive_jax.training.data.correlated_gaussians import (
     correlation_for,
     log_density_ratio,
     mutual_information,
     sample,
 )
-from contrastive_jax.losses import info_nce, mi_lower_bound
-from contrastive_jax.models.critics import ConcatCritic, SeparableCritic
-from contrastive_jax.reporting import RESULTS, markdown_table, mean_std, report, write_csv
+from contrastive_jax.training.models.critics import ConcatCritic, SeparableCritic
 
 CRITICS = ("separable", "concat")
 EMA_ALPHA = 0.01  # smoothing of the per-step training estimate (about 100 steps)
@@ -115,7 +117,7 @@ class Run:
 
 
 def make_critic(kind: str, setup: Setup, seed: int) -> nnx.Module:
-    """A fresh critic (:mod:`contrastive_jax.models.critics`) of the given kind."""
+    """A fresh critic (:mod:`contrastive_jax.training.models.critics`) of the given kind."""
     rngs = nnx.Rngs(seed)
     if kind == "separable":
         return SeparableCritic(in_x=setup.dim, in_y=setup.dim, hidden=setup.hidden,

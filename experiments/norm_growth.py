@@ -35,10 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from contrastive_jax import sweep
-from contrastive_jax.model_evaluation import evaluate
-from contrastive_jax.optimizers import leaf_names
-from contrastive_jax.reporting import (
+from common import sweep
+from common.reporting import (
     RESULTS,
     accuracies,
     accuracy_cells,
@@ -46,6 +44,8 @@ from contrastive_jax.reporting import (
     markdown_table,
     report,
 )
+from contrastive_jax.training.evaluation.frozen_model import evaluate
+from contrastive_jax.training.optimizers import leaf_names
 
 CONFIG = "configs/simclr_mnist1d.py"
 # run name -> (description, config overrides as (dotted key, value))
@@ -122,15 +122,15 @@ def train_run(config, every: int, final_eval: bool = True) -> tuple[list[dict], 
     started = sweep.start_run(config)
     state, steps = started.state, started.steps
     weights = jax.jit(scale_invariant_weights)
-    n_params = int(weights(state["params"]).size)
+    n_params = int(weights(state.params).size)
     rows = []
     for step in range(1, steps + 1):
         batch = next(started.stream)
         record = step % every == 0 or step in (1, steps)
-        before = np.asarray(weights(state["params"])) if record else None  # state is donated
+        before = np.asarray(weights(state.params)) if record else None  # state is donated
         state, metrics = started.step_fn(state, batch)
         if record:
-            after = np.asarray(weights(state["params"]))
+            after = np.asarray(weights(state.params))
             m = jax.device_get(metrics)
             lr, norm = float(m["learning_rate"]), float(np.linalg.norm(after))
             rows.append({"step": step, "learning_rate": lr, "loss": float(m["loss"]),

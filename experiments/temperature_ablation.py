@@ -31,8 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from contrastive_jax import sweep
-from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
+from common import sweep
+from common.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 CONFIG = "configs/simclr_mnist1d.py"
 FIXED_TAUS = (0.05, 0.1, 0.2, 0.5, 1.0)
@@ -112,8 +112,8 @@ def make_config(setting: Setting, seed: int, *, epochs: float, quick: bool = Fal
         config.loss.normalize = False
         config.loss.impl = "autodiff"
     if not quick:
-        from contrastive_jax.data import open_split
-        from contrastive_jax.train import total_steps
+        from contrastive_jax.training.data import open_split
+        from contrastive_jax.training.train import total_steps
 
         train_size = len(open_split(config.data.name, config.data.train_split, None, None))
         config.optimizer.warmup_steps = warmup_steps(total_steps(config, train_size))
@@ -129,7 +129,7 @@ def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:
     """The measured columns of one run from ``train_and_evaluate``'s results (None: diverged).
 
     Top-1, loss, ``log N - L`` and the embedding norm are the late-training means of
-    ``result["tail_metrics"]`` when present (see :func:`contrastive_jax.sweep.tail_means`),
+    ``result["tail_metrics"]`` when present (see :func:`common.sweep.tail_means`),
     else the last step's; the temperature is the last step's. A run is ``diverged`` if it
     raised ``NonFiniteError`` (``result`` None) or its loss, probe or kNN is not finite; its
     accuracies are then NaN.
@@ -152,7 +152,7 @@ def row_from_result(result: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def run_one(config, *, verbose: bool = False) -> dict[str, Any] | None:
-    """:func:`contrastive_jax.sweep.run_one` with this script's late-training keys."""
+    """:func:`common.sweep.run_one` with this script's late-training keys."""
     return sweep.run_one(config, keys=TAIL_KEYS, fraction=TAIL_FRACTION, verbose=verbose)
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

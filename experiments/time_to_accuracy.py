@@ -17,7 +17,7 @@ import tempfile
 
 import matplotlib.pyplot as plt
 
-from contrastive_jax.reporting import RESULTS, load_config, markdown_table, mean_std, report
+from common.reporting import RESULTS, load_config, markdown_table, mean_std, report
 
 
 def plot(rows: list[dict], target: float) -> plt.Figure:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny run (for the tests)")
     parser.add_argument("--out", default=str(RESULTS / "time_to_accuracy"))
     args = parser.parse_args(argv)
-    from contrastive_jax.train import train_and_evaluate
+    from contrastive_jax.training.train import train_and_evaluate
 
     every = 3 if args.quick else args.every
     rows, summary = [], []

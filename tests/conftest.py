@@ -1,8 +1,12 @@
 """Every test runs with 8 CPU devices, set before JAX initialises its backend."""
 
 import os
+import pathlib
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The experiment scripts import their helpers as ``common`` (experiments/common/).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 
 import jax
 import pytest

@@ -14,7 +14,8 @@ import sys
 
 import jax
 
-from contrastive_jax.distributed import Launch, global_batch, initialize
+from contrastive_jax.mesh import global_batch
+from contrastive_jax.training.distributed import Launch, initialize
 
 ROWS, DIM = 16, 6
 DATA_BATCH, DATA_SEED, DATA_STEPS = 8, 3, 3
@@ -59,12 +60,8 @@ def main(process_id: int, port: str, mode: str = "compare") -> None:
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from contrastive_jax.sharding import (
-        STRATEGIES,
-        make_mesh,
-        sharded_clip_loss,
-        sharded_nt_xent,
-    )
+    from contrastive_jax.losses.sharded import STRATEGIES, sharded_clip_loss, sharded_nt_xent
+    from contrastive_jax.mesh import make_mesh
 
     assert jax.process_count() == 2 and jax.device_count() == 4
     x, y = data()
@@ -86,7 +83,7 @@ def main(process_id: int, port: str, mode: str = "compare") -> None:
             grads = multihost_utils.process_allgather(grads, tiled=True)
             out[f"{name}/{strategy}"] = {"loss": float(loss),
                                          "grads": [np.asarray(g).tolist() for g in grads]}
-    from contrastive_jax.data import default_config, train_iterator
+    from contrastive_jax.training.data import default_config, train_iterator
 
     config = default_config()
     config.update({"name": "digits", "batch_size": DATA_BATCH, "seed": DATA_SEED})

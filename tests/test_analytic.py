@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contrastive_jax.analytic import anchor, batch
-from contrastive_jax.gradcheck import CHECKS, check_error
+from contrastive_jax.analytic.gradcheck import CHECKS, check_error
 from contrastive_jax.losses import info_nce, l2_normalize
 
 

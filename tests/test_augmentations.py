@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from contrastive_jax.augmentations import (
+from contrastive_jax.training.augmentations import (
     IMAGE_OPS,
     SIGNAL_OPS,
     augment,

@@ -8,7 +8,9 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.data import (
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.mesh import make_mesh
+from contrastive_jax.training.data import (
     HostShard,
     default_config,
     eval_dataset,
@@ -18,7 +20,6 @@ from contrastive_jax.data import (
     train_dataset,
     train_iterator,
 )
-from contrastive_jax.sharding import make_mesh
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,7 @@ def test_preprocess_types_and_feature_selection():
     assert set(out) == {"image", "label"}
     assert out["image"].dtype == np.float32 and out["image"].max() == 1.0
     assert out["label"].dtype == np.int32
-    with pytest.raises(KeyError, match=r"data\.features"):
+    with pytest.raises(ConfigError, match=r"data\.features"):
         pre({"label": 1})
 
 
@@ -177,7 +178,7 @@ def test_bad_configs_say_what_to_change(mnist1d_test):
 
 
 def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
-    from contrastive_jax.data.pipeline import image_text_preprocess
+    from contrastive_jax.training.data.pipeline import image_text_preprocess
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("<pad>\n<unk>\n<bos>\n<eos>\na\nphoto\nof\ndog\n")

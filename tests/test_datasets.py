@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax.data import captions, correlated_gaussians, digits, mnist1d
-from contrastive_jax.data.prepare import LOCAL_NAMES, prepare
-from contrastive_jax.data.sources import DatasetNotPreparedError, open_split
+from contrastive_jax.training.data import captions, correlated_gaussians, digits, mnist1d
+from contrastive_jax.training.data.prepare import LOCAL_NAMES, prepare
+from contrastive_jax.training.data.sources import DatasetNotPreparedError, open_split
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,7 +180,7 @@ def test_interrupted_build_leaves_nothing_prepared_and_is_rebuilt(tmp_path, monk
 
 
 def test_concurrent_prepares_build_once(tmp_path):
-    code = ("import sys; from contrastive_jax.data.prepare import prepare; "
+    code = ("import sys; from contrastive_jax.training.data.prepare import prepare; "
             "prepare('digits', sys.argv[1])")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env,
@@ -194,12 +194,12 @@ def test_concurrent_prepares_build_once(tmp_path):
 
 def test_prepare_command_line(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run([sys.executable, "-m", "contrastive_jax.data.prepare", "digits",
+    run = subprocess.run([sys.executable, "-m", "contrastive_jax.training.data.prepare", "digits",
                           f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "digits:" in run.stdout and "'train': 1437" in run.stdout
-    bad = subprocess.run([sys.executable, "-m", "contrastive_jax.data.prepare", "cifar10",
+    bad = subprocess.run([sys.executable, "-m", "contrastive_jax.training.data.prepare", "cifar10",
                           f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=REPO)
     assert bad.returncode != 0 and "tfds build" in bad.stderr
@@ -241,7 +241,7 @@ class ExternalToy(tfds.core.GeneratorBasedBuilder):
 
 
 def test_any_prepared_tfds_dataset_goes_through_the_same_path(tmp_path):
-    from contrastive_jax.data.pipeline import HostShard, train_dataset
+    from contrastive_jax.training.data.pipeline import HostShard, train_dataset
 
     ExternalToy(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
     source = open_split("external_toy_for_tests", "train", str(tmp_path))

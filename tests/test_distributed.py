@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 import float32_bounds as fb
-from contrastive_jax.data import HostShard, open_split, train_dataset
-from contrastive_jax.distributed import Launch, global_batch, initialize, launch_settings
 from contrastive_jax.losses import clip_loss, nt_xent
-from contrastive_jax.sharding import make_mesh, sharded_clip_loss, sharded_nt_xent
+from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_nt_xent
+from contrastive_jax.mesh import global_batch, make_mesh
+from contrastive_jax.training.data import HostShard, open_split, train_dataset
+from contrastive_jax.training.distributed import Launch, initialize, launch_settings
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from contrastive_jax.evaluation import (
+from contrastive_jax.training.evaluation import (
     alignment,
     knn_accuracy,
     linear_probe,

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from contrastive_jax.objectives import LossSettings
-from contrastive_jax.reporting import load_config
-from contrastive_jax.train import total_steps
+from common.reporting import load_config
+from contrastive_jax.training.methods import LossSettings
+from contrastive_jax.training.train import total_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

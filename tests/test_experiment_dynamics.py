@@ -114,7 +114,7 @@ def test_learned_temperature_quick_clip_binds(tmp_path):
 
 
 def test_gradcheck_script_writes_csv_and_png(tmp_path, monkeypatch):
-    from contrastive_jax import gradcheck
+    from contrastive_jax.analytic import gradcheck
 
     monkeypatch.setattr(gradcheck, "CHECKS", gradcheck.CHECKS[:3])
     script = _script("gradcheck")

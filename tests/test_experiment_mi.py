@@ -15,9 +15,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from contrastive_jax.data.correlated_gaussians import correlation_for, log_density_ratio, sample
 from contrastive_jax.losses import info_nce
-from contrastive_jax.models.critics import ConcatCritic, SeparableCritic
+from contrastive_jax.training.data.correlated_gaussians import (
+    correlation_for,
+    log_density_ratio,
+    sample,
+)
+from contrastive_jax.training.models.critics import ConcatCritic, SeparableCritic
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from contrastive_jax.models import build_encoder, build_model, moco
+from contrastive_jax.training.methods import moco
+from contrastive_jax.training.models import build_encoder, build_model
 
 
 def tiny_text(**kw):

@@ -10,7 +10,7 @@ import pytest
 import float32_bounds as fb
 import reference_losses as ref
 from contrastive_jax.losses import nt_xent
-from contrastive_jax.objectives import LossSettings
+from contrastive_jax.training.methods import LossSettings
 
 
 def _views(n, d, seed=0, noise=1.0):

@@ -7,8 +7,8 @@ import optax
 import pytest
 from flax import nnx
 
-from contrastive_jax.models import build_model
-from contrastive_jax.optimizers import build_optimizer, decay_mask, leaf_names, schedule
+from contrastive_jax.training.models import build_model
+from contrastive_jax.training.optimizers import build_optimizer, decay_mask, leaf_names, schedule
 
 
 @pytest.fixture(scope="module")

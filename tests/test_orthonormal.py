@@ -17,8 +17,9 @@ import pytest
 
 import float32_bounds as fb
 from contrastive_jax.losses import clip_loss, info_nce, moco_infonce, nt_xent
+from contrastive_jax.losses.sharded import STRATEGIES, sharded_clip_loss, sharded_nt_xent
 from contrastive_jax.losses.siglip import siglip_loss
-from contrastive_jax.sharding import STRATEGIES, make_mesh, sharded_clip_loss, sharded_nt_xent
+from contrastive_jax.mesh import make_mesh
 
 mpmath.mp.dps = 40
 N = 8

@@ -9,12 +9,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from contrastive_jax import train
-from contrastive_jax.checkpointing import CheckpointError
+from contrastive_jax.training import train
+from contrastive_jax.training.checkpoints import CheckpointError
+from contrastive_jax.training.methods import method_for
+from contrastive_jax.training.train_state import params_digest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -168,9 +171,9 @@ def test_moco_queue_and_digest():
     with pytest.raises(ValueError, match="multiple of the global batch"):
         config = load_config("moco_mnist1d.py:quick")
         config.model.queue_size = 100
-        train.create_state(config, 6)
-    state = {"params": {"w": np.ones(3, np.float32)}, "rest": {}}
+        method_for(config)
+    state = SimpleNamespace(params={"w": np.ones(3, np.float32)}, rest={})
     bumped = np.array([1, 1, np.nextafter(np.float32(1), np.float32(2))], np.float32)
-    other = {"params": {"w": bumped}, "rest": {}}  # one bit different
-    assert train.params_digest(state) != train.params_digest(other)
-    assert train.params_digest(state) == train.params_digest({**state})
+    other = SimpleNamespace(params={"w": bumped}, rest={})  # one bit different
+    assert params_digest(state) != params_digest(other)
+    assert params_digest(state) == params_digest(SimpleNamespace(**vars(state)))

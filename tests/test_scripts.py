@@ -4,7 +4,7 @@ import importlib.util
 import pathlib
 
 from contrastive_jax import demo
-from contrastive_jax.gradcheck import CHECKS
+from contrastive_jax.analytic.gradcheck import CHECKS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def test_demo_prints_every_loss(capsys):
 def test_gradcheck_script_writes_markdown(tmp_path, monkeypatch):
     # every check's numbers are tested in test_analytic.py; here the script's plumbing, on a
     # few checks (one row per check, float64 errors below 1e-10)
-    from contrastive_jax import gradcheck
+    from contrastive_jax.analytic import gradcheck
 
     monkeypatch.setattr(gradcheck, "CHECKS", CHECKS[:4])
     spec = importlib.util.spec_from_file_location("gradcheck_script",

@@ -6,19 +6,14 @@ import numpy as np
 import pytest
 
 import float32_bounds as fb
-from contrastive_jax.communication import (
+from contrastive_jax.losses import clip_loss, nt_xent
+from contrastive_jax.losses.sharded import STRATEGIES, sharded_clip_loss, sharded_nt_xent
+from contrastive_jax.losses.traffic import (
     collective_bytes,
     expected_bytes,
     ring_memory_bound,
 )
-from contrastive_jax.losses import clip_loss, nt_xent
-from contrastive_jax.sharding import (
-    STRATEGIES,
-    check_divisible,
-    make_mesh,
-    sharded_clip_loss,
-    sharded_nt_xent,
-)
+from contrastive_jax.mesh import check_divisible, make_mesh
 
 EXACT = ("all_gather", "ring")
 N, D_IN, D = 24, 6, 8  # 24 rows: 12, 6 and 3 per device on 2, 4 and 8 devices
@@ -229,7 +224,7 @@ def test_communication_formula_matches_the_compiled_collectives(loss):
 @pytest.mark.parametrize("loss", ["clip", "nt_xent"])
 def test_ring_memory_is_per_device_share_not_global(loss):
     # Per device, in floats: the ring's scratch holds a few copies of the device's share of the
-    # rows and of the chunk in flight (RING_MEMORY in contrastive_jax.communication), whatever
+    # rows and of the chunk in flight (RING_MEMORY in contrastive_jax.losses.traffic), whatever
     # N; the gather's holds all N rows of every gathered input: O(N d).
     devices, d, block = 4, 64, 32
     for rows in (512, 2048):

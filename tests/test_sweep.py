@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from contrastive_jax import reporting, sweep
+from common import reporting, sweep
 
 
 def test_tail_means_average_the_training_records_of_the_last_fraction():

@@ -8,9 +8,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.dense_analytic import clip_loss_analytic
+from contrastive_jax.losses.dense_vjp import clip_loss_analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, clip_loss_tiled
 from contrastive_jax.losses.validation import (
@@ -22,7 +23,6 @@ from contrastive_jax.losses.validation import (
     check_scalar,
     compute_dtype,
 )
-from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 

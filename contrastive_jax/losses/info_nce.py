@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contrastive_jax.errors import InputError
 from contrastive_jax.losses.validation import check_has_negatives, compute_dtype
 
 Array = jax.Array
@@ -66,7 +67,7 @@ def info_nce(logits: Array, positives: Array) -> Array:
     """
     shape = jnp.shape(logits)
     if len(shape) != 2:
-        raise ValueError(
+        raise InputError(
             f"logits must be rank-2 (anchors, candidates); got shape {shape}. "
             "For a single anchor pass logits[None]."
         )
@@ -95,7 +96,7 @@ def positive_mask(positives: Array, num_anchors: int, num_candidates: int) -> Ar
     shape = jnp.shape(positives)
     if dtype == jnp.bool_:
         if shape != (num_anchors, num_candidates):
-            raise ValueError(
+            raise InputError(
                 f"a boolean positives mask must have the logits' shape "
                 f"{(num_anchors, num_candidates)}; got {shape}."
             )
@@ -103,24 +104,24 @@ def positive_mask(positives: Array, num_anchors: int, num_candidates: int) -> Ar
             empty = ~jnp.any(jnp.asarray(positives), axis=1)
             if bool(jnp.any(empty)):
                 rows = jnp.nonzero(empty)[0][:5].tolist()
-                raise ValueError(
+                raise InputError(
                     f"positives mask has no positive in row(s) {rows}: every anchor needs at "
                     "least one positive candidate."
                 )
         return jnp.asarray(positives)
     if not jnp.issubdtype(dtype, jnp.integer):
-        raise ValueError(
+        raise InputError(
             f"positives must be integer indices (A,) or a boolean mask (A, K); got dtype {dtype}."
         )
     if shape != (num_anchors,):
-        raise ValueError(
+        raise InputError(
             f"integer positives must have shape (anchors,) = ({num_anchors},); got {shape}."
         )
     if not isinstance(positives, jax.core.Tracer):
         idx = jnp.asarray(positives)
         bad = (idx < 0) | (idx >= num_candidates)
         if bool(jnp.any(bad)):
-            raise ValueError(
+            raise InputError(
                 f"positive indices must lie in [0, {num_candidates}); got "
                 f"{jnp.asarray(idx)[bad][:5].tolist()}."
             )

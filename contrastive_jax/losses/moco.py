@@ -6,15 +6,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from contrastive_jax.errors import InputError
 from contrastive_jax.losses.info_nce import masked_logsumexp, positive_relative_loss
 from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.validation import (
     check_embeddings,
     check_pair,
     check_positive,
     compute_dtype,
 )
-from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 
@@ -40,12 +41,12 @@ def moco_infonce(q: Array, k: Array, queue: Array, temperature: Array | float) -
     check_pair("q", q, "k", k)
     check_embeddings("queue", queue)
     if jnp.shape(queue)[1] != jnp.shape(q)[1]:
-        raise ValueError(
+        raise InputError(
             f"queue rows must have the query dim {jnp.shape(q)[1]}; got queue shape "
             f"{jnp.shape(queue)}."
         )
     if jnp.shape(queue)[0] < 1:
-        raise ValueError("queue is empty: MoCo needs at least one negative key in the queue.")
+        raise InputError("queue is empty: MoCo needs at least one negative key in the queue.")
     check_positive("temperature", temperature)
     dtype = compute_dtype(q, k, queue)
     q_hat = l2_normalize(jnp.asarray(q).astype(dtype))

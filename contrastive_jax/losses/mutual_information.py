@@ -8,6 +8,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from contrastive_jax.errors import InputError
+
 Array = jax.Array
 
 
@@ -27,9 +29,9 @@ def mi_lower_bound(loss: Array | float, num_candidates: int) -> Array:
     correlated augmented views (A.12.4) it is not a bound and must be re-derived.
     """
     if isinstance(num_candidates, bool) or not isinstance(num_candidates, numbers.Integral):
-        raise ValueError(f"num_candidates must be an integer; got {num_candidates!r}.")
+        raise InputError(f"num_candidates must be an integer; got {num_candidates!r}.")
     if num_candidates < 2:
-        raise ValueError(
+        raise InputError(
             "num_candidates must be >= 2 (the bound is log N - L with N >= 2); "
             f"got {num_candidates}."
         )

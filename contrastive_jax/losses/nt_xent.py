@@ -5,9 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.dense_analytic import nt_xent_analytic
+from contrastive_jax.errors import InputError
+from contrastive_jax.losses.dense_vjp import nt_xent_analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, nt_xent_tiled
 from contrastive_jax.losses.validation import (
     check_block_size,
@@ -17,7 +19,6 @@ from contrastive_jax.losses.validation import (
     check_positive,
     compute_dtype,
 )
-from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 
@@ -69,7 +70,7 @@ def nt_xent(
     check_choice("impl", impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     if not normalize and impl != "autodiff":
-        raise ValueError(f"normalize=False (dot-product logits) is implemented by "
+        raise InputError(f"normalize=False (dot-product logits) is implemented by "
                          f"impl='autodiff' only; got impl={impl!r}")
     dtype = compute_dtype(z1, z2)
     z1, z2 = jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)

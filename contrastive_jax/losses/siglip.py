@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.validation import (
     check_has_negatives,
@@ -18,7 +19,6 @@ from contrastive_jax.losses.validation import (
     check_scalar,
     compute_dtype,
 )
-from contrastive_jax.similarity import similarities
 
 Array = jax.Array
 

@@ -22,7 +22,7 @@ returned gradient; ``grad_V`` is accumulated in place in the array that is retur
 NT-Xent's similarity ``S = Z_hat Z_hat^T / tau`` is symmetric, so only the tiles with ``r <= c``
 are visited: tile ``(r, c)`` serves as row block ``r`` and, through its columns, as row block
 ``c``; the two partial statistics are merged at the end. This halves the work. The two views
-stay two arrays (the two parts of a :class:`~contrastive_jax.losses.tiles.TilePlan`).
+stay two arrays (the two parts of a :class:`~contrastive_jax.losses.tile_kernels.TilePlan`).
 
 Memory: nothing of size (n, d) beyond the inputs and the returned gradients (no padded or
 normalised copy, no accumulator besides the output: when the block size does not divide n the
@@ -42,8 +42,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from contrastive_jax.losses.normalize import clamped_norms, l2_normalize_vjp
+from contrastive_jax.losses.similarity import MATMUL_PRECISION
 from contrastive_jax.losses.temperature import clip_active, logit_scale
-from contrastive_jax.losses.tiles import (
+from contrastive_jax.losses.tile_kernels import (
     DIRECTION_WEIGHTS,
     Normaliser,
     RowWeights,
@@ -59,7 +60,6 @@ from contrastive_jax.losses.tiles import (
     tile_logit_grad,
     tile_normaliser,
 )
-from contrastive_jax.similarity import MATMUL_PRECISION
 
 Array = jax.Array
 Parts = tuple[Array, ...]
@@ -125,7 +125,7 @@ def negative_normalisers(
 ) -> tuple[Normaliser, Normaliser, Array]:
     """Per row and per column, the normaliser of ``exp(S_ij)`` over the negatives, without S.
 
-    Rows -> two :class:`~contrastive_jax.losses.tiles.Normaliser` of (n,) and the positives'
+    Rows -> two :class:`~contrastive_jax.losses.tile_kernels.Normaliser` of (n,) and the positives'
     cosines (n,), read off the same tiles so that they carry exactly the rounding of the
     negatives' logits (a separate row-wise dot product differs by ~1e-7, which a logit scale of
     100 turns into ~1e-5 of a small loss). A block's rows that it does not own see only masked
@@ -176,7 +176,8 @@ def tiled_logit_grad_products(
 ) -> tuple[Parts, Parts, Array]:
     """Finished row blocks of ``Gamma V_hat``, column blocks of ``Gamma^T U_hat``, ``sum Gamma*C``.
 
-    Tile by tile with :func:`contrastive_jax.losses.tiles.tile_logit_grad`, over the negatives;
+    Tile by tile with :func:`contrastive_jax.losses.tile_kernels.tile_logit_grad`, over the
+    negatives;
     ``positive_cos`` (n,) are the positives' cosines. The loop runs over row blocks ``r`` and,
     inside, over column blocks ``c``. Row block ``r`` of ``Gamma V_hat`` is complete when its
     inner loop ends, so it is summed in a (b, d) carry and handed at once to

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from contrastive_jax.errors import InputError
+
 Array = jax.Array
 
 
@@ -31,13 +33,13 @@ def check_embeddings(name: str, x: Array) -> None:
     """A rank-2 (batch, dim) floating-point array."""
     shape = jnp.shape(x)
     if len(shape) != 2:
-        raise ValueError(
+        raise InputError(
             f"{name} must be a rank-2 (batch, dim) array of embeddings; got shape {shape} "
             f"(rank {len(shape)}). Flatten extra axes or add a batch axis."
         )
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
+        raise InputError(
             f"{name} must be floating point (float32, bfloat16 or float64); got dtype {dtype}. "
             "Cast the embeddings before calling the loss."
         )
@@ -49,7 +51,7 @@ def check_pair(x_name: str, x: Array, y_name: str, y: Array) -> None:
     check_embeddings(y_name, y)
     if jnp.shape(x) != jnp.shape(y):
         what = "batch sizes" if jnp.shape(x)[0] != jnp.shape(y)[0] else "embedding dims"
-        raise ValueError(
+        raise InputError(
             f"{x_name} and {y_name} must have the same shape; got {x_name} {jnp.shape(x)} and "
             f"{y_name} {jnp.shape(y)} (the {what} differ: row i of one is paired with row i "
             "of the other, and both must live in the same embedding space)."
@@ -59,7 +61,7 @@ def check_pair(x_name: str, x: Array, y_name: str, y: Array) -> None:
 def check_has_negatives(name: str, n: int, what: str = "batch size") -> None:
     """At least two candidates, so that every anchor has a negative."""
     if n < 2:
-        raise ValueError(
+        raise InputError(
             f"{name} has {what} {n}; a contrastive loss needs at least 2 candidates per anchor "
             "(one positive and at least one negative). Use a larger batch."
         )
@@ -80,7 +82,7 @@ def _concrete_scalar(value) -> float | None:
 def check_scalar(name: str, value) -> None:
     """A scalar (a Python number or a shape-() array)."""
     if jnp.shape(value) != ():
-        raise ValueError(f"{name} must be a scalar; got shape {jnp.shape(value)}.")
+        raise InputError(f"{name} must be a scalar; got shape {jnp.shape(value)}.")
 
 
 def check_positive(name: str, value) -> None:
@@ -88,14 +90,14 @@ def check_positive(name: str, value) -> None:
     check_scalar(name, value)
     v = _concrete_scalar(value)
     if v is not None and not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"{name} must be a positive finite number; got {v}.")
+        raise InputError(f"{name} must be a positive finite number; got {v}.")
 
 
 def check_block_size(block_size: int | None, impl: str, default: int) -> int | None:
     """A positive integer block size, given only together with ``impl="tiled"``."""
     if impl != "tiled":
         if block_size is not None:
-            raise ValueError(
+            raise InputError(
                 f"block_size={block_size} only applies to impl='tiled'; got impl={impl!r}. "
                 "Pass impl='tiled' or drop block_size."
             )
@@ -105,11 +107,11 @@ def check_block_size(block_size: int | None, impl: str, default: int) -> int | N
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or (
         block_size < 1
     ):
-        raise ValueError(f"block_size must be a positive integer; got {block_size!r}.")
+        raise InputError(f"block_size must be a positive integer; got {block_size!r}.")
     return int(block_size)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """One of a fixed set of strings."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}; got {value!r}.")
+        raise InputError(f"{name} must be one of {choices}; got {value!r}.")

@@ -1,0 +1,89 @@
+"""Checkpoints with orbax: the train state and the data iterator, saved together.
+
+``workdir/checkpoints/<step>/{state,data}``: ``state`` is the whole train state pytree (step,
+parameters, non-parameter model state such as BatchNorm statistics, optimiser state, rng,
+MoCo key encoder and queue), ``data`` the grain iterator's position (one JSON file per
+process). Saves are asynchronous (the next steps run while the files are written), happen
+every ``checkpoint_every`` steps and at the end, and the last ``keep_checkpoints`` are kept. A
+run started with a workdir that holds checkpoints resumes from the latest one.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+from contrastive_jax.errors import CheckpointError, ConfigError
+
+
+def manager(workdir: str | pathlib.Path, *, every: int, keep: int) -> ocp.CheckpointManager:
+    """An async CheckpointManager under ``workdir/checkpoints``."""
+    if every < 1 or keep < 1:
+        raise ConfigError(f"checkpoint_every and keep_checkpoints must be >= 1; got {every}, "
+                         f"{keep}")
+    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
+                                           enable_async_checkpointing=True, create=True)
+    return ocp.CheckpointManager(pathlib.Path(workdir).resolve() / "checkpoints",
+                                 options=options, item_names=("state", "data"))
+
+
+def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
+         force: bool = False) -> bool:
+    """Save ``state`` and the iterator at ``step`` if due (or ``force``); whether it saved."""
+    return mgr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=grain.checkpoint.CheckpointSave(data_iterator)), force=force)
+
+
+def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
+                   warn=print):
+    """``(state, step)`` from the newest restorable checkpoint (the iterator is restored in
+    place), or ``(state_template, None)`` when there is none.
+
+    ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint that
+    cannot be read (truncated, corrupted) is skipped with a warning and the previous one is
+    tried. If none can be read: :class:`CheckpointError`, which says whether the checkpoints
+    hold a model of a different shape (a different config) or are all damaged.
+    """
+    steps = sorted(mgr.all_steps(), reverse=True)
+    if not steps:
+        return state_template, None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
+    failures = []
+    for step in steps:
+        try:
+            restored = mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract),
+                data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        except Exception as err:
+            failures.append((step, err))
+            warn(f"warning: checkpoint {step} in {mgr.directory} cannot be restored "
+                 f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+                 "trying the previous one")
+            continue
+        return restored["state"], step
+    raise CheckpointError(_explain(mgr, steps, state_template, failures))
+
+
+def _explain(mgr, steps, state_template, failures) -> str:
+    want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(state_template))
+    try:
+        meta = mgr.item_metadata(steps[0])["state"]
+        tree = getattr(meta, "tree", meta)
+        have = sorted(tuple(m.shape) for m in jax.tree.leaves(tree) if hasattr(m, "shape"))
+    except Exception:
+        have = None
+    if have is not None and have != want:
+        extra = sorted(set(have) - set(want))[:3]
+        missing = sorted(set(want) - set(have))[:3]
+        return (f"the checkpoints in {mgr.directory} (steps {steps}) hold a model of a "
+                f"different shape than this config builds (shapes only there: {extra}; only in "
+                f"this config: {missing}). Use a new --workdir, or the config that wrote them.")
+    last = failures[0][1]
+    return (f"none of the checkpoints in {mgr.directory} (steps {steps}) can be restored; the "
+            f"newest failed with {type(last).__name__}: {str(last).splitlines()[0][:300]}. "
+            "Delete the damaged step folders to start over from the last good one, or use a "
+            "new --workdir.")

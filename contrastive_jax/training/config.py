@@ -1,0 +1,95 @@
+"""What every training config shares (:func:`base_config`) and big_vision-style variants.
+
+``--config=configs/x.py:batch=256,quick``: the text after ``:`` reaches ``get_config(arg)``;
+:func:`parse` turns it into a ConfigDict of the variant's knobs: ``key=value`` pairs (values
+parsed as Python literals when they are, else kept as strings) and bare words (``quick`` ->
+``quick=True``). Only keys with a default are accepted; an unknown one is a ValueError naming
+the closest valid key.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from contrastive_jax.errors import ConfigError
+
+
+def parse(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """The variant knobs: ``defaults`` updated by ``arg`` (``"a=1,b=x,flag"``)."""
+    values = dict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if key not in defaults:
+            close = difflib.get_close_matches(key, list(defaults), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config variant {key!r}{hint} valid: {sorted(defaults)}")
+        if not sep:
+            values[key] = True
+            continue
+        try:
+            values[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            values[key] = raw
+    return ml_collections.ConfigDict(values)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The run-level fields of every training config (each config sets data, model, loss...).
+
+    ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
+    ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
+    dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
+    :func:`contrastive_jax.training.evaluation.frozen_model.evaluate`), ``mesh`` (axis sizes;
+    ``-1`` takes the rest of the devices), ``launch`` (multi-process settings,
+    :func:`contrastive_jax.training.distributed.launch_settings`; empty: from the environment,
+    else a single process).
+    """
+    return ml_collections.ConfigDict({
+        "seed": 0,
+        # the method (contrastive_jax.training.methods): "simclr" | "moco" | "clip" | "siglip" |
+        # "mi_critic"; "" follows loss.name
+        "method": "",
+        "num_epochs": 100.0,
+        "total_steps": 0,
+        "log_every": 50,
+        "checkpoint_every": 500,
+        "keep_checkpoints": 3,
+        "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
+        "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
+                       "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
+                       "classification": True,  # linear probe + kNN (needs labels)
+                       # dual encoders: class prompts of this modality ("signal" | "image",
+                       # contrastive_jax.training.data.captions) for zero-shot accuracy; "" = none
+                       "zero_shot_prompts": "",
+                       # dual encoders: retrieval counts a candidate as correct when this batch
+                       # feature equals the query's ("caption_id", "label"); "" = its own pair
+                       "retrieval_match": ""},
+        "mesh": {"data": -1},
+        # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
+        "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),
+                   "num_processes": placeholder(int), "process_id": placeholder(int),
+                   "initialization_timeout_s": 120, "heartbeat_timeout_s": 30},
+    })
+
+
+TINY_SIGNAL_CNN = {"channels": (8, 8, 8), "features": 16}
+
+
+def make_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The run-level part of every config's ``quick`` variant (a smoke test in seconds):
+    global batch 64, 6 steps, logs every 2, checkpoints every 3, one warmup step, the dense
+    loss (fastest to compile at this size), one probe regulariser. Each config then shrinks
+    its own model."""
+    config.data.batch_size = 64
+    config.total_steps = 6
+    config.log_every = 2
+    config.checkpoint_every = 3
+    config.optimizer.warmup_steps = 1
+    config.loss.impl = "autodiff"
+    config.evaluation.l2_grid = (1e-4,)
+    return config

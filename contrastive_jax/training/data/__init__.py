@@ -1,0 +1,41 @@
+"""Input data: TFDS datasets built offline, grain pipelines sharded per host.
+
+- :mod:`~contrastive_jax.training.data.prepare`: the package's datasets (``mnist1d``, ``digits``,
+  ``digit_captions/{mnist1d,digits}``) built once into a TFDS data dir, offline.
+- :mod:`~contrastive_jax.training.data.sources`: :func:`open_split`, one random-access source per
+split
+  (any TFDS dataset prepared as array_record, or ``correlated_gaussians``).
+- :mod:`~contrastive_jax.training.data.pipeline`: shuffled, repeated, per-host batches assembled
+into
+  global ``jax.Array`` s, with a checkpointable iterator; padded evaluation passes.
+- :mod:`~contrastive_jax.training.data.captions`: caption templates, vocabulary, tokens, zero-shot
+  prompts.
+- :mod:`~contrastive_jax.training.data.correlated_gaussians`: pairs with known mutual information.
+"""
+
+from contrastive_jax.training.data.pipeline import (
+    HostShard,
+    default_config,
+    eval_dataset,
+    eval_iterator,
+    standard_preprocess,
+    train_dataset,
+    train_iterator,
+)
+from contrastive_jax.training.data.prepare import LOCAL_NAMES, default_data_dir, prepare
+from contrastive_jax.training.data.sources import DatasetNotPreparedError, open_split
+
+__all__ = [
+    "LOCAL_NAMES",
+    "DatasetNotPreparedError",
+    "HostShard",
+    "default_config",
+    "default_data_dir",
+    "eval_dataset",
+    "eval_iterator",
+    "open_split",
+    "prepare",
+    "standard_preprocess",
+    "train_dataset",
+    "train_iterator",
+]

@@ -1,0 +1,143 @@
+"""Build the package's own datasets into a TFDS data dir, once, offline.
+
+``mnist1d``, ``digits`` and ``digit_captions/{mnist1d,digits}`` are TFDS builders whose data
+are generated or shipped by a package, so preparing them needs no network. They are written
+as array_record files (random access, no TensorFlow needed to write or read) into
+``data_dir/<name>/<version>/`` and reused afterwards.
+
+Building is idempotent (a prepared dataset is left untouched) and safe to interrupt: TFDS
+writes into ``incomplete.*`` folders and renames them only when every split is written; an
+interrupted build leaves only such a folder, which the next build removes. A lock file
+(``data_dir/<name>.lock``) serialises builds of one dataset by processes on one machine
+(several hosts of a loopback run, parallel test workers).
+
+Command line (the command named by the "not prepared" errors)::
+
+    python -m contrastive_jax.training.data.prepare mnist1d digits digit_captions/mnist1d \\
+        [--data_dir=DIR]
+
+The data dir is, in order: ``--data_dir`` / the config's ``data.data_dir``, the
+``CONTRASTIVE_JAX_DATA_DIR`` environment variable, ``$XDG_CACHE_HOME/contrastive_jax/datasets``
+(``~/.cache/contrastive_jax/datasets`` when unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import tensorflow_datasets as tfds
+
+# Importing the modules registers the builders with TFDS.
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.data import digit_captions, digits, mnist1d
+
+LOCAL_DATASETS = {
+    "mnist1d": mnist1d.Mnist1d,
+    "digits": digits.Digits,
+    "digit_captions": digit_captions.DigitCaptions,
+}
+LOCAL_NAMES = ("mnist1d", "digits", "digit_captions/mnist1d", "digit_captions/digits")
+DATA_DIR_ENV = "CONTRASTIVE_JAX_DATA_DIR"
+
+
+def default_data_dir() -> str:
+    """``$CONTRASTIVE_JAX_DATA_DIR``, else ``$XDG_CACHE_HOME`` (or ``~/.cache``) / contrastive_jax /
+    datasets."""
+    if os.environ.get(DATA_DIR_ENV):
+        return os.environ[DATA_DIR_ENV]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "contrastive_jax", "datasets")
+
+
+def resolve_data_dir(data_dir: str | None) -> str:
+    """``data_dir`` if given, else :func:`default_data_dir`."""
+    return data_dir if data_dir else default_data_dir()
+
+
+def is_local(name: str) -> bool:
+    """Whether ``name`` (``base`` or ``base/config``) is one of the package's own datasets."""
+    return name.split("/")[0].split(":")[0] in LOCAL_DATASETS
+
+
+def prepare(name: str, data_dir: str | None = None, *,
+            verbose: bool = True) -> tfds.core.DatasetBuilder:
+    """Prepare the package dataset ``name`` in ``data_dir`` unless it is already; its builder.
+
+    ``name`` is one of :data:`LOCAL_NAMES`. Another TFDS name is a ValueError (those are
+    prepared with ``tfds build``; this program never downloads).
+    """
+    if not is_local(name):
+        raise ConfigError(f"{name!r} is not one of this package's datasets {list(LOCAL_NAMES)}; "
+                         "prepare TFDS datasets with `tfds build NAME --data_dir=DIR "
+                         "--file_format=array_record`")
+    data_dir = resolve_data_dir(data_dir)
+    builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    if builder.is_prepared():
+        return builder
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with _lock(Path(data_dir) / f"{name.replace('/', '.')}.lock"):
+        builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        if builder.is_prepared():  # another process built it while we waited
+            return builder
+        _remove_incomplete(Path(builder.data_dir))
+        start = time.perf_counter()
+        if verbose:
+            print(f"preparing {name} in {data_dir} (once) ...", file=sys.stderr, flush=True)
+        tfds.disable_progress_bar()  # our one line instead of TFDS's per-split bars
+        builder.download_and_prepare(
+            file_format="array_record",
+            download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        if verbose:
+            print(f"prepared {name} in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr, flush=True)
+    return builder
+
+
+def _remove_incomplete(version_dir: Path) -> None:
+    """Remove the ``incomplete.*`` folders an interrupted build left beside ``version_dir``."""
+    parent = version_dir.parent
+    if parent.is_dir():
+        for stale in parent.glob(f"incomplete.*_{version_dir.name}"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m contrastive_jax.training.data.prepare",
+        description="Prepare this package's datasets (offline) into a TFDS data dir.")
+    parser.add_argument("names", nargs="*", default=list(LOCAL_NAMES),
+                        help=f"datasets to prepare (default: all of {list(LOCAL_NAMES)})")
+    parser.add_argument("--data_dir", default=None,
+                        help=f"TFDS data dir (default: {default_data_dir()})")
+    args = parser.parse_args(argv)
+    for name in args.names:
+        if not is_local(name):
+            parser.error(f"{name!r} is not one of {list(LOCAL_NAMES)}; other TFDS datasets "
+                         "are prepared with `tfds build NAME --data_dir=DIR "
+                         "--file_format=array_record`")
+    for name in args.names:
+        builder = prepare(name, args.data_dir)
+        splits = {s: info.num_examples for s, info in builder.info.splits.items()}
+        print(f"{name}: {builder.data_dir} {splits}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Random-access sources for one split: TFDS ``data_source`` (array_record) or a generator.
+
+Every dataset goes through :func:`open_split`: the package's own datasets are prepared on
+first use (offline, see :mod:`contrastive_jax.training.data.prepare`); any other TFDS name
+(``cifar10``,
+``imagenet2012``, ``coco_captions``, or a dataset of your own) must already be prepared in
+``data_dir`` as array_record files, exactly as on a pod, and is opened with the same
+``tfds.data_source`` call. ``correlated_gaussians`` is generated on the fly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
+from contrastive_jax.training.data.correlated_gaussians import CorrelatedGaussians, correlation_for
+from contrastive_jax.training.data.prepare import is_local, prepare, resolve_data_dir
+
+GENERATED = ("correlated_gaussians",)
+RANDOM_ACCESS_FORMATS = ("array_record", "parquet")  # what tfds.data_source can read
+# Options of the generated dataset (config fields ``data.<option>``); rho or mutual_information.
+GAUSSIAN_OPTIONS = {"dim": 20, "rho": None, "mutual_information": None,
+                    "num_examples": {"train": 100_000, "test": 10_000}}
+GAUSSIAN_SPLIT_SEEDS = {"train": 0, "test": 1}
+
+
+def prepare_command(name: str, data_dir: str) -> str:
+    """The command that prepares ``name`` in ``data_dir``."""
+    if is_local(name):
+        return f"python -m contrastive_jax.training.data.prepare {name} --data_dir={data_dir}"
+    return f"tfds build {name} --data_dir={data_dir} --file_format=array_record"
+
+
+def open_split(name: str, split: str, data_dir: str | None = None,
+               options: Mapping[str, Any] | None = None):
+    """A random-access source (``len``, ``[i]`` -> dict of NumPy arrays) for ``name[split]``.
+
+    ``split`` may be any TFDS split expression (``"train"``, ``"train[:90%]"``, ...).
+    ``options`` only apply to generated datasets (``correlated_gaussians``: ``dim``, ``rho`` or
+    ``mutual_information``, ``num_examples``). Errors:
+
+    - :class:`DatasetNotPreparedError` naming the dataset, the data dir and the command that
+      prepares it, when a TFDS dataset is not prepared (or not in array_record format);
+    - ``ValueError`` for an unknown name or split.
+    """
+    if name in GENERATED:
+        return _gaussians(split, dict(options or {}))
+    if options:
+        raise ConfigError(f"options {sorted(options)} only apply to {GENERATED}; "
+                         f"remove them for {name!r}")
+    data_dir = resolve_data_dir(data_dir)
+    if is_local(name):
+        builder = prepare(name, data_dir)
+    else:
+        builder = _prepared_builder(name, data_dir)
+    if split.split("[")[0] not in builder.info.splits:
+        raise ConfigError(f"dataset {name!r} has no split {split!r}; its splits: "
+                         f"{sorted(builder.info.splits)}")
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+
+
+def _prepared_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+    command = prepare_command(name, data_dir)
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        present = sorted(p.name for p in Path(data_dir).iterdir() if p.is_dir()
+                         and p.name != "downloads") if Path(data_dir).is_dir() else []
+        raise ConfigError(f"unknown dataset {name!r}: not a TFDS dataset and not found in "
+                         f"data_dir {data_dir} (present there: {present})") from None
+    if not builder.is_prepared():
+        raise DatasetNotPreparedError(
+            f"dataset {name!r} is not prepared in data_dir {data_dir}, and this program never "
+            f"downloads. Prepare it on a machine with internet access with\n    {command}\n"
+            "and copy the folder into this data_dir, or set data.data_dir to where it is.")
+    file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
+    if file_format not in RANDOM_ACCESS_FORMATS:
+        raise DatasetNotPreparedError(
+            f"dataset {name!r} in {data_dir} is prepared as {file_format or 'tfrecord'}, but "
+            f"random access needs array_record. Re-prepare it with\n    {command} --overwrite")
+    return builder
+
+
+def _gaussians(split: str, options: dict[str, Any]) -> CorrelatedGaussians:
+    unknown = set(options) - set(GAUSSIAN_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown correlated_gaussians options {sorted(unknown)}; "
+                         f"valid: {sorted(GAUSSIAN_OPTIONS)}")
+    if split not in GAUSSIAN_SPLIT_SEEDS:
+        raise ConfigError(f"correlated_gaussians has splits {sorted(GAUSSIAN_SPLIT_SEEDS)}; "
+                         f"got {split!r}")
+    opts = {**GAUSSIAN_OPTIONS, **{k: v for k, v in options.items() if v is not None}}
+    if (opts["rho"] is None) == (opts["mutual_information"] is None):
+        raise ConfigError("correlated_gaussians needs exactly one of data.rho and "
+                         "data.mutual_information")
+    rho = opts["rho"]
+    if rho is None:
+        rho = correlation_for(opts["mutual_information"], opts["dim"])
+    num = opts["num_examples"]
+    num = num[split] if isinstance(num, Mapping) else num
+    return CorrelatedGaussians(int(num), int(opts["dim"]), float(rho),
+                               seed=GAUSSIAN_SPLIT_SEEDS[split])

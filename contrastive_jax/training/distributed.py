@@ -1,0 +1,103 @@
+"""Multi-process launch: ``jax.distributed.initialize`` when asked, and global batches.
+
+One process per host (a TPU VM worker, a GPU node). Nothing here runs unless asked: a run with
+no launch settings is a single process. The settings come from the config (``launch``
+fields) or, if absent there, from the environment:
+
+================================  ========================================================
+``CONTRASTIVE_JAX_COORDINATOR``   ``host:port`` of process 0 (explicit launch, e.g. GPU nodes)
+``CONTRASTIVE_JAX_NUM_PROCESSES`` number of processes
+``CONTRASTIVE_JAX_PROCESS_ID``    this process's id, ``0 .. num_processes - 1``
+``CONTRASTIVE_JAX_DISTRIBUTED``   ``auto``: the argument-free form (TPU pods, SLURM, ...)
+================================  ========================================================
+
+On a TPU pod run the same command on every worker with ``CONTRASTIVE_JAX_DISTRIBUTED=auto``;
+on GPU nodes give each process the coordinator, the process count and its id. Each process
+then loads its own ``global_batch / process_count`` rows, and
+:func:`contrastive_jax.mesh.global_batch` assembles them into one global :class:`jax.Array`
+sharded over the mesh's ``data`` axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import jax
+
+from contrastive_jax.errors import ConfigError
+
+ENV_PREFIX = "CONTRASTIVE_JAX_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How this process joins the job. ``mode``: ``"single"``, ``"auto"`` or ``"explicit"``."""
+
+    mode: str = "single"
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    # Bounded waits: a peer that never arrives or dies makes the others fail, not hang.
+    initialization_timeout_s: int = 120
+    heartbeat_timeout_s: int = 30
+
+
+def launch_settings(config: Mapping | None = None,
+                    environ: Mapping[str, str] | None = None) -> Launch:
+    """The launch from ``config`` (keys as :class:`Launch` fields), else from the environment.
+
+    ``None`` values in ``config`` count as unset (a config file's placeholders).
+    """
+    environ = os.environ if environ is None else environ
+    config = {k: v for k, v in dict(config or {}).items() if v is not None}
+    unknown = set(config) - {f.name for f in dataclasses.fields(Launch)}
+    if unknown:
+        raise ConfigError(f"unknown launch settings {sorted(unknown)}; valid: "
+                         f"{[f.name for f in dataclasses.fields(Launch)]}")
+    if not config or (config.get("mode") in (None, "single") and not config.get(
+            "coordinator_address")):
+        env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items()
+               if k.startswith(ENV_PREFIX)}
+        if env.get("distributed") == "auto":
+            config = {"mode": "auto", **config}
+        elif "coordinator" in env:
+            try:
+                config = {"mode": "explicit", "coordinator_address": env["coordinator"],
+                          "num_processes": int(env["num_processes"]),
+                          "process_id": int(env["process_id"]), **config}
+            except (KeyError, ValueError) as err:
+                raise ConfigError(
+                    f"{ENV_PREFIX}COORDINATOR is set, so {ENV_PREFIX}NUM_PROCESSES and "
+                    f"{ENV_PREFIX}PROCESS_ID must be integers too ({err})") from None
+    if config.get("coordinator_address") and config.get("mode", "single") == "single":
+        config["mode"] = "explicit"
+    launch = Launch(**config)
+    if launch.mode not in ("single", "auto", "explicit"):
+        raise ConfigError(f"launch mode {launch.mode!r}: use 'single', 'auto' or 'explicit'")
+    if launch.mode == "explicit":
+        n, i = launch.num_processes, launch.process_id
+        if not launch.coordinator_address or n is None or i is None:
+            raise ConfigError("an explicit launch needs coordinator_address, num_processes "
+                             "and process_id")
+        if n < 1 or not 0 <= i < n:
+            raise ConfigError(f"process_id {i} is not in 0..{n - 1} (num_processes {n})")
+    return launch
+
+
+def initialize(launch: Launch) -> bool:
+    """Join the job described by ``launch``; ``False`` (and nothing done) for a single process.
+
+    Must run before JAX is used. On CPU the cross-process collectives use gloo.
+    """
+    if launch.mode == "single":
+        return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU client only
+    kwargs = {"initialization_timeout": launch.initialization_timeout_s,
+              "heartbeat_timeout_seconds": launch.heartbeat_timeout_s}
+    if launch.mode == "explicit":
+        kwargs.update(coordinator_address=launch.coordinator_address,
+                      num_processes=launch.num_processes, process_id=launch.process_id)
+    jax.distributed.initialize(**kwargs)
+    return True

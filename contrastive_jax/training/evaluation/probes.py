@@ -1,0 +1,114 @@
+"""Classification probes on frozen features ``(n, d)`` with integer labels.
+
+- :func:`linear_probe`: multinomial logistic regression on standardised features, fitted by
+  L-BFGS (optax) to convergence; the L2 strength is picked on a held-out part of the training
+  features, then the probe is refitted on all of them (the linear evaluation protocol of
+  [SimCLR], docs/references.md).
+- :func:`knn_accuracy`: cosine kNN with votes weighted by ``exp(sim / T)`` (Wu et al. 2018, the
+  usual self-supervised kNN monitor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from contrastive_jax.errors import InputError
+from contrastive_jax.training.evaluation.geometry import unit_rows
+
+L2_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
+
+
+def _standardise(train: np.ndarray, *others: np.ndarray):
+    mean, std = train.mean(0), train.std(0) + 1e-6
+    return [(a - mean) / std for a in (train, *others)]
+
+
+@jax.jit
+def _fit_logistic(x, y_onehot, l2, max_iter):
+    """argmin_W,b mean CE(softmax(xW + b), y) + l2 ||W||^2 by L-BFGS (at most max_iter steps)."""
+    d, k = x.shape[1], y_onehot.shape[1]
+
+    def objective(params):
+        logits = x @ params["w"] + params["b"]
+        ce = -jnp.mean(jnp.sum(y_onehot * jax.nn.log_softmax(logits), axis=1))
+        return ce + l2 * jnp.sum(params["w"] ** 2)
+
+    solver = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(objective)
+    params = {"w": jnp.zeros((d, k), x.dtype), "b": jnp.zeros((k,), x.dtype)}
+
+    def step(carry):
+        params, state, i = carry
+        value, grad = value_and_grad(params, state=state)
+        updates, state = solver.update(grad, state, params, value=value, grad=grad,
+                                       value_fn=objective)
+        return optax.apply_updates(params, updates), state, i + 1
+
+    def running(carry):
+        _, state, i = carry
+        grad = optax.tree_utils.tree_get(state, "grad")
+        return (i == 0) | ((i < max_iter) & (optax.tree_utils.tree_norm(grad) > 1e-5))
+
+    params, _, _ = jax.lax.while_loop(running, step, (params, solver.init(params), 0))
+    return params
+
+
+def _accuracy(params, x, y) -> float:
+    return float(np.mean(np.argmax(np.asarray(x @ params["w"] + params["b"]), 1) == y))
+
+
+def linear_probe(train_x, train_y, test_x, test_y, *, num_classes: int | None = None,
+                 l2_grid: Sequence[float] = L2_GRID, holdout: float = 0.2, seed: int = 0,
+                 max_iter: int = 500) -> dict:
+    """Test accuracy of a logistic-regression probe; the L2 strength chosen on held-out data.
+
+    ``holdout`` of the training rows (a seeded permutation) score each value of ``l2_grid``;
+    the best is refitted on every training row and scored on the test rows. Returns
+    ``{"accuracy", "l2", "holdout_accuracy": {l2: acc}}``.
+    """
+    train_x, test_x = np.asarray(train_x, np.float32), np.asarray(test_x, np.float32)
+    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise InputError(f"features must be (n, d) with equal d; got {train_x.shape}, "
+                         f"{test_x.shape}")
+    k = int(num_classes or max(train_y.max(), test_y.max()) + 1)
+    order = np.random.default_rng(seed).permutation(len(train_x))
+    cut = int(len(train_x) * (1 - holdout))
+    fit, held = order[:cut], order[cut:]
+    scores = {}
+    fit_x, held_x = _standardise(train_x[fit], train_x[held])
+    for l2 in l2_grid:
+        params = _fit_logistic(jnp.asarray(fit_x), jax.nn.one_hot(train_y[fit], k),
+                               jnp.float32(l2), max_iter)
+        scores[float(l2)] = _accuracy(params, held_x, train_y[held])
+    best = max(scores, key=lambda l2: (scores[l2], l2))  # ties: the stronger regulariser
+    all_x, tst_x = _standardise(train_x, test_x)
+    params = _fit_logistic(jnp.asarray(all_x), jax.nn.one_hot(train_y, k), jnp.float32(best),
+                           max_iter)
+    return {"accuracy": _accuracy(params, tst_x, test_y), "l2": best,
+            "holdout_accuracy": scores}
+
+
+def knn_accuracy(train_x, train_y, test_x, test_y, *, k: int = 20, temperature: float = 0.07,
+                 num_classes: int | None = None, chunk: int = 1024) -> float:
+    """Weighted cosine kNN: each test row votes ``sum_{j in top-k} exp(sim_j / T) [y_j = c]``."""
+    if k < 1 or temperature <= 0:
+        raise InputError(f"need k >= 1 and temperature > 0; got k={k}, T={temperature}")
+    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    classes = int(num_classes or max(train_y.max(), test_y.max()) + 1)
+    train_n = unit_rows(np.asarray(train_x, np.float32))
+    test_n = unit_rows(np.asarray(test_x, np.float32))
+    k = min(k, len(train_n))
+    labels = jax.nn.one_hot(train_y, classes)
+    correct = 0
+    for start in range(0, len(test_n), chunk):
+        sims = jnp.asarray(test_n[start:start + chunk]) @ jnp.asarray(train_n).T
+        top, idx = jax.lax.top_k(sims, k)
+        votes = jnp.einsum("nk,nkc->nc", jnp.exp(top / temperature), labels[idx])
+        correct += int(np.sum(np.argmax(np.asarray(votes), 1) == test_y[start:start + chunk]))
+    return correct / len(test_n)

@@ -1,0 +1,153 @@
+"""What every method shares: the ``loss`` block of a config, the context, the method interface.
+
+The ``loss`` block of a config (:class:`LossSettings`)::
+
+    name         "nt_xent" (SimCLR) | "moco" | "clip" | "siglip"
+    temperature  fixed tau for nt_xent and moco (a learnable one: model.learn_temperature)
+    impl         single-device loss: "tiled" | "analytic" | "autodiff" (see clip_loss / nt_xent)
+    strategy     "" (the single-device loss on the global arrays, partitioned by XLA) or a
+                 sharded strategy: "all_gather" | "all_gather_no_grad" | "ring" (shard_map over
+                 the mesh's data axis; exact negatives across devices,
+                 contrastive_jax.losses.sharded)
+    block_size   tile rows for tiled and sharded losses (0: the default)
+    max_scale    cap on the logit scale, 100 (docs/derivations.md); ``float("inf")`` removes
+                 the cap (nothing then stops a winning model from sharpening)
+    normalize    nt_xent only: False drops the L2 normalisation (dot-product logits
+                 z_i.z_j / tau, SimCLR Table 5's "no l2 norm"); needs impl "autodiff" and no
+                 strategy
+    direction    clip only: "both" (symmetric) | "x_to_y" | "y_to_x" (one-directional InfoNCE,
+                 the mutual-information estimator)
+
+A :class:`Method` turns a model and a batch into ``(loss, metrics, outputs)`` and owns whatever
+state it keeps besides the model (MoCo's key encoder and queue): the trainer
+(:mod:`contrastive_jax.training.train`) only calls its hooks.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.losses.sharded import STRATEGIES
+from contrastive_jax.losses.temperature import logit_scale
+
+LOSSES = ("nt_xent", "moco", "clip", "siglip")
+IMPLS = ("tiled", "analytic", "autodiff")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+    """The ``loss`` block, checked (see the module docstring)."""
+
+    name: str = "nt_xent"
+    temperature: float = 0.1
+    impl: str = "tiled"
+    strategy: str = ""
+    block_size: int = 0
+    max_scale: float = 100.0
+    direction: str = "both"
+    normalize: bool = True
+
+    def __post_init__(self):
+        if self.name not in LOSSES:
+            raise ConfigError(f"unknown loss {self.name!r}; valid: {list(LOSSES)}")
+        if self.impl not in IMPLS:
+            raise ConfigError(f"unknown loss.impl {self.impl!r}; valid: {list(IMPLS)}")
+        if self.strategy and self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown loss.strategy {self.strategy!r}; valid: '' or "
+                              f"{list(STRATEGIES)}")
+        if self.strategy and self.name not in ("nt_xent", "clip"):
+            raise ConfigError(f"loss.strategy applies to nt_xent and clip; {self.name} runs on "
+                              "the global arrays (set loss.strategy = '')")
+        if not self.normalize and (self.name != "nt_xent" or self.impl != "autodiff"
+                                   or self.strategy):
+            raise ConfigError(
+                "loss.normalize = False (dot-product logits) is an nt_xent ablation "
+                f"implemented by impl='autodiff' without a strategy; got name={self.name!r}, "
+                f"impl={self.impl!r}, strategy={self.strategy!r} (set loss.impl = 'autodiff' "
+                "and loss.strategy = '')")
+        if not self.max_scale > 0:
+            raise ConfigError(f"loss.max_scale must be > 0 (inf: no cap); got {self.max_scale}")
+        if not self.temperature > 0:
+            raise ConfigError(f"loss.temperature must be > 0; got {self.temperature}")
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> LossSettings:
+        """The settings of a config's ``loss`` block; unknown keys are a :class:`ConfigError`."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ConfigError(f"unknown loss settings {unknown}; valid: {sorted(fields)}")
+        return cls(**dict(config))
+
+    @property
+    def block(self) -> int | None:
+        """``block_size`` for the loss functions: ``None`` (their default) when 0."""
+        return self.block_size or None
+
+    def tiled_kwargs(self) -> dict:
+        """``{"block_size": ...}`` for ``impl="tiled"``, else nothing (the others refuse it)."""
+        return {"block_size": self.block} if self.impl == "tiled" else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodContext:
+    """What a method needs besides the model and the batch (static under ``jit``)."""
+
+    loss: LossSettings
+    mesh: Mesh
+    input_key: str
+    text_key: str
+    augment: Any  # a frozen augmentation config, or None
+    graphdef: Any = None  # the model's graph (MoCo rebuilds its key encoder from it)
+
+
+def temperature_of(model, loss: LossSettings):
+    """A learned temperature ``1 / min(exp(log_scale), max_scale)`` if the model has one,
+    else the fixed ``loss.temperature``."""
+    if getattr(model, "log_scale", None) is not None:
+        return 1.0 / logit_scale(model.log_scale[...], loss.max_scale)
+    return loss.temperature
+
+
+class Method(abc.ABC):
+    """A contrastive method. Subclasses set ``name`` and implement :meth:`loss`.
+
+    Hooks, all optional but ``loss``, in the order the trainer calls them:
+
+    - :meth:`check` (before any work): settings the method needs, as :class:`ConfigError`;
+    - :meth:`init_extra`: the method's own state (a dict of arrays, saved in checkpoints);
+    - :meth:`loss` (inside the jitted step): ``(loss, metrics, outputs)``;
+    - :meth:`after_update` (inside the step, after the optimiser): the new extra state;
+    - :meth:`results` (at the end): entries it adds to ``results.json``.
+    """
+
+    name: str = ""
+    losses: tuple[str, ...] = ()  # the loss.name values this method runs with
+
+    def check(self, config) -> None:  # noqa: B027 (a hook: nothing to check by default)
+        """Raise :class:`ConfigError` for settings this method cannot run with."""
+
+    def init_extra(self, model, params, rest, config) -> dict[str, jax.Array]:
+        """The method's state besides the model (none by default)."""
+        return {}
+
+    @abc.abstractmethod
+    def loss(self, model, batch: Mapping[str, jax.Array], rng: jax.Array,
+             extra: Mapping[str, jax.Array], ctx: MethodContext):
+        """``(scalar loss, metrics dict, outputs dict)`` on one global batch."""
+
+    def after_update(self, extra: dict, params, outputs: Mapping[str, Any],
+                     ctx: MethodContext) -> dict:
+        """The extra state after an optimiser step (unchanged by default)."""
+        return extra
+
+    def results(self, source, config) -> dict[str, Any]:
+        """Entries this method adds to ``results.json`` (none by default)."""
+        return {}

@@ -1,0 +1,73 @@
+"""CLIP and SigLIP: a sample tower and a text tower on paired examples.
+
+[CLIP], [SigLIP] (docs/references.md). CLIP's loss is :func:`contrastive_jax.losses.clip_loss`
+(or its sharded form); SigLIP's is :func:`contrastive_jax.losses.siglip.siglip_loss`, one
+binary decision per pair with a learnable bias. Both learn the logit scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from contrastive_jax.losses import clip_loss
+from contrastive_jax.losses.sharded import sharded_clip_loss
+from contrastive_jax.losses.siglip import siglip_loss
+from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.training.augmentations import augment
+from contrastive_jax.training.methods.base import Method, MethodContext
+from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+
+
+def _embed(model, batch, rng, ctx: MethodContext):
+    """``(x, y)``: the two towers' embeddings of the (augmented) samples and the captions."""
+    sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
+    aug_key, dropout_key = jax.random.split(rng)
+    if ctx.augment is not None:
+        sample = augment(sample, aug_key, ctx.augment)
+    return model(sample, tokens, train=True, rngs=nnx.Rngs(dropout=dropout_key))
+
+
+def _pair_metrics(x, y, log_scale, ctx: MethodContext) -> dict:
+    m = first_anchors(x.shape[0])
+    return {
+        "top1": contrastive_top1(x[:m], y, jnp.arange(m)),
+        "embedding_norm": 0.5 * (mean_norm(x) + mean_norm(y)),
+        "logit_scale": logit_scale(log_scale, ctx.loss.max_scale),
+    }
+
+
+class CLIP(Method):
+    """Symmetric (or one-directional) InfoNCE between the towers; reports ``log N - L``."""
+
+    name = "clip"
+    losses = ("clip",)
+
+    def loss(self, model, batch, rng, extra, ctx: MethodContext):
+        x, y = _embed(model, batch, rng, ctx)
+        log_scale = model.log_scale[...]
+        if ctx.loss.strategy:
+            loss = sharded_clip_loss(x, y, log_scale, mesh=ctx.mesh, strategy=ctx.loss.strategy,
+                                     max_scale=ctx.loss.max_scale,
+                                     direction=ctx.loss.direction, block_size=ctx.loss.block)
+        else:
+            loss = clip_loss(x, y, log_scale, max_scale=ctx.loss.max_scale, impl=ctx.loss.impl,
+                             direction=ctx.loss.direction, **ctx.loss.tiled_kwargs())
+        metrics = {**_pair_metrics(x, y, log_scale, ctx), "mi_bound": math.log(x.shape[0]) - loss}
+        return loss, metrics, {}
+
+
+class SigLIP(Method):
+    """The pairwise sigmoid loss; reports the learned bias (no InfoNCE bound applies)."""
+
+    name = "siglip"
+    losses = ("siglip",)
+
+    def loss(self, model, batch, rng, extra, ctx: MethodContext):
+        x, y = _embed(model, batch, rng, ctx)
+        log_scale = model.log_scale[...]
+        loss = siglip_loss(x, y, log_scale, model.bias[...], max_scale=ctx.loss.max_scale)
+        return loss, {**_pair_metrics(x, y, log_scale, ctx), "bias": model.bias[...]}, {}

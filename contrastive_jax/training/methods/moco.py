@@ -1,0 +1,111 @@
+"""MoCo: queries from view 1, momentum-encoder keys from view 2, a queue of past keys.
+
+[MoCo] (docs/references.md). The key encoder is a second copy of the parameters, never
+differentiated, moved towards the query parameters after every step by an exponential moving
+average, ``theta_k <- m theta_k + (1 - m) theta_q`` (``optax.incremental_update``); the queue
+is a FIFO ``(K, d)`` buffer of past keys: each step enqueues the global batch's keys over the
+oldest ones, so ``K`` must be a multiple of the global batch. Both live in the train state's
+``extra`` (``key_params``, ``key_rest``, ``queue``, ``queue_pointer``) and in checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.losses import moco_infonce
+from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.training.augmentations import two_views
+from contrastive_jax.training.methods.base import Method, MethodContext, temperature_of
+from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+
+
+def momentum_update(key_params, query_params, momentum: float):
+    """``m * key + (1 - m) * query`` leaf by leaf."""
+    if not 0.0 <= momentum <= 1.0:
+        raise ConfigError(f"momentum must lie in [0, 1]; got {momentum}")
+    return optax.incremental_update(query_params, key_params, step_size=1.0 - momentum)
+
+
+def check_queue_size(queue_size: int, global_batch: int) -> None:
+    """A :class:`ConfigError` unless ``queue_size`` is a positive multiple of ``global_batch``."""
+    if queue_size < global_batch or queue_size % global_batch:
+        raise ConfigError(f"MoCo queue size {queue_size} must be a positive multiple of the "
+                          f"global batch {global_batch}; change model.queue_size or "
+                          "data.batch_size")
+
+
+def init_queue(key: jax.Array, size: int, dim: int) -> jax.Array:
+    """A ``(size, dim)`` queue of random unit vectors (MoCo's initialisation)."""
+    q = jax.random.normal(key, (size, dim), jnp.float32)
+    return q / jnp.linalg.norm(q, axis=1, keepdims=True)
+
+
+def enqueue(queue: jax.Array, pointer: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Write ``keys (B, d)`` over rows ``pointer .. pointer + B - 1``; the next pointer.
+
+    ``B`` divides ``K`` (:func:`check_queue_size`), so a write never wraps.
+    """
+    keys = jax.lax.stop_gradient(keys).astype(queue.dtype)
+    queue = jax.lax.dynamic_update_slice(queue, keys, (pointer, jnp.zeros_like(pointer)))
+    return queue, (pointer + keys.shape[0]) % queue.shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class MoCo(Method):
+    """InfoNCE of queries against their keys and the queue; momentum and queue after each step."""
+
+    momentum: float = 0.99
+    queue_size: int = 4096
+    seed: int = 0
+    name = "moco"
+    losses = ("moco",)
+
+    def check(self, config) -> None:
+        check_queue_size(self.queue_size, config.data.batch_size)
+        if not 0.0 <= self.momentum <= 1.0:
+            raise ConfigError(f"model.momentum must lie in [0, 1]; got {self.momentum}")
+
+    def init_extra(self, model, params, rest, config):
+        return {
+            "key_params": jax.tree.map(jnp.copy, params),
+            "key_rest": jax.tree.map(jnp.copy, rest),
+            "queue": init_queue(jax.random.key(self.seed + 1), self.queue_size,
+                                model.head.out_features),
+            "queue_pointer": jnp.zeros((), jnp.int32),
+        }
+
+    def loss(self, model, batch, rng, extra, ctx: MethodContext):
+        x = batch[ctx.input_key]
+        aug_key, dropout_key = jax.random.split(rng)
+        v1, v2 = two_views(x, aug_key, ctx.augment)
+        q, h = model(v1, train=True, rngs=nnx.Rngs(dropout=dropout_key))
+        key_model = nnx.merge(ctx.graphdef, extra["key_params"], extra["key_rest"], copy=True)
+        k, _ = key_model(v2, train=True, rngs=nnx.Rngs(dropout=dropout_key))
+        k = jax.lax.stop_gradient(k)
+        tau = temperature_of(model, ctx.loss)
+        loss = moco_infonce(q, k, extra["queue"], tau)
+        m = first_anchors(x.shape[0])
+        candidates = jnp.concatenate([k[:m], extra["queue"]])
+        metrics = {
+            "top1": contrastive_top1(q[:m], candidates, jnp.arange(m)),
+            # log(K + 1) - L: not a bound with a queue of stale keys (docs/derivations.md)
+            "mi_bound": math.log(extra["queue"].shape[0] + 1) - loss,
+            "embedding_norm": mean_norm(q),
+            "feature_norm": mean_norm(h),
+            "temperature": jnp.asarray(tau, jnp.float32),
+        }
+        outputs = {"keys": k, "key_rest": nnx.state(key_model, nnx.Not(nnx.Param))}
+        return loss, metrics, outputs
+
+    def after_update(self, extra, params, outputs, ctx):
+        queue, pointer = enqueue(extra["queue"], extra["queue_pointer"],
+                                 l2_normalize(outputs["keys"]))
+        return {"key_params": momentum_update(extra["key_params"], params, self.momentum),
+                "key_rest": outputs["key_rest"], "queue": queue, "queue_pointer": pointer}

@@ -1,0 +1,53 @@
+"""SimCLR: two augmented views through one encoder and head, NT-Xent over the 2N views.
+
+[SimCLR] (docs/references.md); the loss is :func:`contrastive_jax.losses.nt_xent`
+(docs/derivations.md, NT-Xent), or its sharded form for a ``loss.strategy``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from contrastive_jax.losses import nt_xent
+from contrastive_jax.losses.sharded import sharded_nt_xent
+from contrastive_jax.training.augmentations import two_views
+from contrastive_jax.training.methods.base import Method, MethodContext, temperature_of
+from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+
+
+class SimCLR(Method):
+    """NT-Xent on ``[z1; z2]``; reports top-1, ``log(2N - 1) - L`` and the embedding norms."""
+
+    name = "simclr"
+    losses = ("nt_xent",)
+
+    def loss(self, model, batch, rng, extra, ctx: MethodContext):
+        x = batch[ctx.input_key]
+        aug_key, dropout_key = jax.random.split(rng)
+        v1, v2 = two_views(x, aug_key, ctx.augment)
+        z, h = model(jnp.concatenate([v1, v2]), train=True,
+                     rngs=nnx.Rngs(dropout=dropout_key))
+        n = x.shape[0]
+        z1, z2 = z[:n], z[n:]
+        tau = temperature_of(model, ctx.loss)
+        if ctx.loss.strategy:
+            loss = sharded_nt_xent(z1, z2, tau, mesh=ctx.mesh, strategy=ctx.loss.strategy,
+                                   block_size=ctx.loss.block)
+        else:
+            loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl, normalize=ctx.loss.normalize,
+                           **ctx.loss.tiled_kwargs())
+        m = first_anchors(n)
+        anchors = jnp.arange(m)
+        metrics = {
+            "top1": contrastive_top1(z1[:m], z, anchors + n, exclude=anchors,
+                                     normalize=ctx.loss.normalize),
+            "mi_bound": math.log(2 * n - 1) - loss,
+            "embedding_norm": mean_norm(z),
+            "feature_norm": mean_norm(h),
+            "temperature": jnp.asarray(tau, jnp.float32),
+        }
+        return loss, metrics, {}

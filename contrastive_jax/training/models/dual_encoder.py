@@ -1,0 +1,55 @@
+"""CLIP's dual encoder: a sample tower and a text tower into one embedding space (001)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.simclr import _encode
+
+
+class DualEncoder(nnx.Module):
+    """Two towers, each an encoder and a linear projection to ``embed_dim``, and the logit scale.
+
+    ``log_scale`` is a learnable parameter initialised to ``log(1 / init_temperature)``
+    (CLIP: ``init_temperature = 0.07``); the loss uses ``min(exp(log_scale), 100)`` and the
+    trainer clamps the parameter at ``log 100`` after each update (000 P8). With
+    ``siglip=True`` there is also a learnable ``bias`` (SigLIP: init ``log_scale = log 10``,
+    ``bias = -10``, Zhai et al. 2023).
+    """
+
+    def __init__(self, sample_encoder: nnx.Module, text_encoder: nnx.Module, *,
+                 embed_dim: int, init_temperature: float = 0.07, siglip: bool = False,
+                 init_bias: float = -10.0, rngs: nnx.Rngs):
+        if init_temperature <= 0:
+            raise ConfigError(f"init_temperature must be > 0; got {init_temperature}")
+        self.sample_encoder, self.text_encoder = sample_encoder, text_encoder
+        self.sample_proj = nnx.Linear(sample_encoder.features, embed_dim, use_bias=False,
+                                      rngs=rngs)
+        self.text_proj = nnx.Linear(text_encoder.features, embed_dim, use_bias=False,
+                                    rngs=rngs)
+        self.log_scale = nnx.Param(jnp.asarray(math.log(1.0 / init_temperature), jnp.float32))
+        self.bias = nnx.Param(jnp.asarray(init_bias, jnp.float32)) if siglip else None
+        self.embed_dim = embed_dim
+
+    def __call__(self, sample: jax.Array, tokens: jax.Array, *, train: bool,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(x, y)`` embeddings ``(B, embed_dim)`` of the samples and the captions."""
+        return self.embed_samples(sample, train=train, rngs=rngs), self.embed_texts(
+            tokens, train=train, rngs=rngs)
+
+    def embed_samples(self, sample: jax.Array, *, train: bool = False,
+                      rngs: nnx.Rngs | None = None) -> jax.Array:
+        return self.sample_proj(_encode(self.sample_encoder, sample, train, rngs))
+
+    def embed_texts(self, tokens: jax.Array, *, train: bool = False,
+                    rngs: nnx.Rngs | None = None) -> jax.Array:
+        return self.text_proj(_encode(self.text_encoder, tokens, train, rngs))
+
+    def features(self, sample: jax.Array) -> jax.Array:
+        """Frozen sample-tower representations (before the projection) for probes."""
+        return _encode(self.sample_encoder, sample, False, None)

@@ -1,0 +1,65 @@
+"""A small ResNet (basic blocks, BatchNorm) for images such as the 8x8 digits or CIFAR."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from contrastive_jax.errors import ConfigError
+
+
+class BasicBlock(nnx.Module):
+    """Two 3x3 convolutions with BatchNorm and a (projected) shortcut (He et al. 2016)."""
+
+    def __init__(self, in_channels: int, channels: int, stride: int, *, rngs: nnx.Rngs):
+        self.conv1 = nnx.Conv(in_channels, channels, (3, 3), strides=stride, use_bias=False,
+                              rngs=rngs)
+        self.norm1 = nnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
+        self.conv2 = nnx.Conv(channels, channels, (3, 3), use_bias=False, rngs=rngs)
+        self.norm2 = nnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
+        shortcut = stride != 1 or in_channels != channels
+        self.project = nnx.Conv(in_channels, channels, (1, 1), strides=stride, use_bias=False,
+                                rngs=rngs) if shortcut else None
+        self.project_norm = nnx.BatchNorm(channels, momentum=0.9,
+                                          rngs=rngs) if shortcut else None
+
+    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+        h = nnx.relu(self.norm1(self.conv1(x), use_running_average=not train))
+        h = self.norm2(self.conv2(h), use_running_average=not train)
+        if self.project is not None:
+            x = self.project_norm(self.project(x), use_running_average=not train)
+        return nnx.relu(h + x)
+
+
+class ResNet(nnx.Module):
+    """Stem 3x3 conv, stages of basic blocks (stride 2 between stages), global average pool.
+
+    Input ``(B, H, W, C)`` float, output ``(B, features)`` (a final linear layer; ``features``
+    equal to the last width keeps the pooled features).
+    """
+
+    def __init__(self, *, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
+                 blocks_per_stage: int = 1, features: int = 128, rngs: nnx.Rngs):
+        self.stem = nnx.Conv(in_channels, widths[0], (3, 3), use_bias=False, rngs=rngs)
+        self.stem_norm = nnx.BatchNorm(widths[0], momentum=0.9, rngs=rngs)
+        blocks, width = [], widths[0]
+        for stage, w in enumerate(widths):
+            for b in range(blocks_per_stage):
+                stride = 2 if stage > 0 and b == 0 else 1
+                blocks.append(BasicBlock(width, w, stride, rngs=rngs))
+                width = w
+        self.blocks = nnx.List(blocks)
+        self.out = nnx.Linear(width, features, rngs=rngs)
+        self.in_channels, self.features = in_channels, features
+
+    def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+        if x.ndim != 4 or x.shape[-1] != self.in_channels:
+            raise ConfigError(f"ResNet expects (batch, height, width, {self.in_channels}) "
+                             f"images; got shape {x.shape}")
+        x = nnx.relu(self.stem_norm(self.stem(x), use_running_average=not train))
+        for block in self.blocks:
+            x = block(x, train=train)
+        return self.out(jnp.mean(x, axis=(1, 2)))

@@ -1,0 +1,50 @@
+"""SimCLR's model: a shared encoder f and a projection head g (004)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from contrastive_jax.errors import ConfigError
+
+
+class SimCLR(nnx.Module):
+    """``h = f(x)`` (the representation kept for evaluation), ``z = g(h)`` (fed to the loss).
+
+    004: "at the end, discard the projection head and keep f as the pretrained backbone".
+    With ``learn_temperature`` the module also holds ``log_scale = log(1 / tau)``, a
+    parameter trained with the rest (the temperature ablation); otherwise tau is fixed by the
+    loss config.
+    MoCo's query encoder is the same module; its key encoder is a copy of the parameters kept
+    in the train state (:mod:`contrastive_jax.training.methods.moco`).
+    """
+
+    def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
+                 init_temperature: float = 0.1):
+        if init_temperature <= 0:
+            raise ConfigError(f"init_temperature must be > 0; got {init_temperature}")
+        self.encoder, self.head = encoder, head
+        # optional learnable log-scale s = 1 / tau (clipped at 100 by the objective, 000 P8)
+        self.log_scale = nnx.Param(jnp.asarray(-math.log(init_temperature), jnp.float32)
+                                   ) if learn_temperature else None
+
+    def __call__(self, x: jax.Array, *, train: bool,
+                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(z, h)``: projections ``(B, head.out_features)`` and representations."""
+        h = _encode(self.encoder, x, train, rngs)
+        return self.head(h, train=train), h
+
+    def features(self, x: jax.Array) -> jax.Array:
+        """Frozen representations ``h = f(x)`` for probes (inference mode)."""
+        return _encode(self.encoder, x, False, None)
+
+
+def _encode(encoder: nnx.Module, x: jax.Array, train: bool, rngs: nnx.Rngs | None):
+    # Transformers take dropout keys; conv nets have no dropout.
+    if "rngs" in inspect.signature(encoder.__call__).parameters:
+        return encoder(x, train=train, rngs=rngs)
+    return encoder(x, train=train)

@@ -1,0 +1,283 @@
+"""The trainer: any method, from one config, on a device mesh.
+
+``train_and_evaluate(config, workdir)`` is the whole run:
+
+1. :func:`prepare_run`: the mesh (``config.mesh``, default all devices on ``data``), the method
+   (:func:`contrastive_jax.training.methods.method_for`), the training stream (global batches
+   sharded over ``data``, :mod:`contrastive_jax.training.data`), the model and the optimiser in
+   a fresh :class:`~contrastive_jax.training.train_state.TrainState` replicated on the mesh,
+   restored from the latest checkpoint in ``workdir`` when there is one (with the data
+   iterator's position, so the run continues the exact stream);
+2. the loop: ``state, metrics = step(state, batch)`` (one jitted pure function of the graph
+   definition, the state, the batch and the step's key: :func:`train_step`), progress lines
+   and TensorBoard scalars every ``log_every`` steps, checkpoints every ``checkpoint_every``
+   steps and at the end, optional evaluations every ``evaluation.every`` steps;
+3. the evaluation of the frozen model (:func:`~contrastive_jax.training.evaluation.frozen_model.
+   evaluate`: linear probe, kNN, alignment and uniformity; for dual encoders retrieval Recall@k
+   and zero-shot accuracy) and ``workdir/results.json``.
+
+The method supplies the loss and whatever it adds to the state and the results
+(:class:`~contrastive_jax.training.methods.Method`); nothing here knows which method runs.
+Under ``jit`` the parameters are replicated and the batch is split over ``data``: the encoders
+run data-parallel, BatchNorm statistics are over the global batch (SimCLR's global BN), and the
+gradients are all-reduced by XLA. The loss is the single-device loss on the global arrays or a
+sharded loss (``loss.strategy``), both exact over the global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax.errors import ConfigError, NonFiniteError
+from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
+from contrastive_jax.training import checkpoints
+from contrastive_jax.training.data import open_split, train_iterator
+from contrastive_jax.training.evaluation.frozen_model import evaluate
+from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
+from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
+from contrastive_jax.training.preemption import StopSignal
+from contrastive_jax.training.progress import Progress
+from contrastive_jax.training.train_state import (
+    TrainState,
+    create_state,
+    params_digest,
+    replicated,
+)
+
+
+def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
+    """``config.total_steps`` if set, else ``ceil(num_epochs * train_size / batch_size)``."""
+    if config.get("total_steps", 0):
+        return int(config.total_steps)
+    steps = math.ceil(config.num_epochs * train_size / config.data.batch_size)
+    if steps < 1:
+        raise ConfigError("set total_steps or num_epochs > 0")
+    return steps
+
+
+def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTransformation,
+               method: Method, ctx: MethodContext,
+               learning_rate: optax.Schedule | None = None) -> tuple[TrainState, dict]:
+    """One optimisation step; a pure function of the state and the batch.
+
+    The step's key is ``fold_in(state.rng, state.step)`` (augmentations, dropout), so a
+    resumed run draws the same keys. A non-finite loss or gradient skips the update (the step
+    counter, ``skipped`` and ``skipped_in_a_row`` advance, nothing else changes).
+    """
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+
+    def loss_fn(params):
+        model = nnx.merge(graphdef, params, state.rest, copy=True)
+        loss, metrics, outputs = method.loss(model, batch, rng, state.extra, ctx)
+        return loss, (metrics, outputs, nnx.state(model, nnx.Not(nnx.Param)))
+
+    (loss, (metrics, outputs, rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = clamp_log_scale(optax.apply_updates(state.params, updates), ctx.loss.max_scale)
+    extra = method.after_update(state.extra, params, outputs, ctx)
+    new = state.replace(params=params, rest=rest, opt_state=opt_state, extra=extra)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
+    new = new.replace(step=state.step + 1,
+                      skipped=state.skipped + (~finite).astype(jnp.int32),
+                      skipped_in_a_row=jnp.where(finite, 0, state.skipped_in_a_row + 1))
+    metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
+               "skipped": new.skipped.astype(jnp.float32),
+               "skipped_in_a_row": new.skipped_in_a_row}
+    if learning_rate is not None:
+        metrics["learning_rate"] = learning_rate(state.step)
+    return new, metrics
+
+
+def _check_finite(step: int, in_a_row, limit: int) -> None:
+    in_a_row = int(in_a_row)
+    if limit and in_a_row >= limit:
+        raise NonFiniteError(
+            f"step {step}: the loss or gradient was non-finite for {in_a_row} steps in a row "
+            f"(each update skipped); stopping. Lower the learning rate, check the data, or "
+            f"raise max_skipped_in_a_row (now {limit}).")
+
+
+def make_context(config, mesh: Mesh, graphdef) -> MethodContext:
+    """What the method needs from the config (static under ``jit``)."""
+    augment = config.get("augment")
+    return MethodContext(loss=LossSettings.from_config(config.loss), mesh=mesh,
+                         input_key=config.input_key, text_key=config.get("text_key", "caption"),
+                         augment=None if augment is None else augment.to_dict(),
+                         graphdef=graphdef)
+
+
+def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,
+                  tx: optax.GradientTransformation, steps: int, method: Method):
+    """:func:`train_step` jitted over the mesh: state replicated (donated), batch on ``data``."""
+    ctx = make_context(config, mesh, graphdef)
+    schedule = functools.partial(current_learning_rate, config.optimizer.to_dict(), steps)
+    step = functools.partial(train_step, graphdef=graphdef, tx=tx, method=method, ctx=ctx,
+                             learning_rate=schedule)
+    return jax.jit(step, out_shardings=(replicated(mesh, state), NamedSharding(mesh, P())),
+                   donate_argnums=0)
+
+
+@dataclasses.dataclass
+class Run:
+    """The fixed parts of one training run, built once by :func:`prepare_run`."""
+
+    config: ml_collections.ConfigDict
+    workdir: pathlib.Path
+    mesh: Mesh
+    method: Method
+    steps: int
+    graphdef: Any
+    tx: optax.GradientTransformation
+    source: Any  # the training split (random access)
+    stream: Any  # the checkpointable iterator of global batches
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.data.batch_size
+
+    def step_fn(self, state: TrainState):
+        """The compiled train step for states shaped like ``state``."""
+        return compiled_step(self.config, self.mesh, self.graphdef, state, self.tx, self.steps,
+                             self.method)
+
+
+def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
+                ) -> tuple[Run, TrainState]:
+    """The run's mesh, method, data, model and optimiser, and a fresh replicated state.
+
+    Bad settings fail here, before any compilation, with a :class:`ConfigError`.
+    """
+    start = time.perf_counter()
+    method = method_for(config)
+    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    check_divisible(config.data.batch_size, jax.process_count(), "processes")
+    check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
+    source = open_split(config.data.name, config.data.train_split,
+                        config.data.data_dir or None, config.data.options.to_dict() or None)
+    steps = total_steps(config, len(source))
+    graphdef, state, tx = create_state(config, steps, method)
+    state = jax.device_put(state, replicated(mesh, state))
+    run = Run(config, pathlib.Path(workdir), mesh, method, steps, graphdef, tx, source,
+              train_iterator(config.data, mesh), start)
+    return run, state
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results."""
+    LossSettings.from_config(config.loss)  # bad loss settings fail before any work
+    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    run, state = prepare_run(config, workdir)
+    manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
+                                  keep=config.keep_checkpoints)
+    try:
+        return _train(run, state, manager)
+    except BaseException:
+        manager.close()  # release orbax's threads and files before the error propagates
+        raise
+
+
+def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
+    """The body of :func:`train_and_evaluate` once the checkpoint manager exists."""
+    config, workdir, mesh, steps, stream = (run.config, run.workdir, run.mesh, run.steps,
+                                            run.stream)
+    state, resumed = checkpoints.restore_latest(ckpt, state, stream)
+    first = int(state.step)
+    progress = Progress(workdir, steps, config.data.batch_size, config.log_every, first)
+    progress.message(f"{'resumed from step ' + str(resumed) if resumed is not None else 'start'}"
+                     f": {steps} steps of {config.data.batch_size} on {mesh.devices.size} "
+                     f"devices ({jax.process_count()} processes), workdir {workdir}")
+    step_fn = run.step_fn(state)
+    history, metrics, eval_time = [], {}, 0.0
+    train_start = time.perf_counter()  # reset after the first step: excludes compilation
+    limit = config.get("max_skipped_in_a_row", 10)
+    stopped_at, pending = None, None
+    with StopSignal() as stop:
+        for step in range(first + 1, steps + 1):
+            batch = next(stream)
+            state, metrics = step_fn(state, batch)
+            if pending is not None:  # the previous step's guard, read while this one runs
+                _check_finite(*pending, limit)
+            pending = (step, metrics["skipped_in_a_row"])
+            if step == first + 1:  # compiled: time the rest
+                jax.block_until_ready(metrics)
+                progress.restart_clock(step)
+                train_start = time.perf_counter()
+            if progress.due(step):
+                progress.log_train(step, jax.device_get(metrics))
+            if stop.should_stop():
+                _check_finite(*pending, limit)
+                checkpoints.save(ckpt, step, state, stream, force=True)
+                stopped_at = step
+                break
+            checkpoints.save(ckpt, step, state, stream, force=step == steps)
+            every = config.evaluation.every if config.evaluation.enabled else 0
+            if every and step % every == 0 and step != steps:
+                eval_start = time.perf_counter()
+                result = {"step": step, "wall_s": round(eval_start - run.start, 2),
+                          "train_s": round(eval_start - train_start - eval_time, 2),
+                          **evaluate(run.graphdef, state, config, mesh)}
+                eval_time += time.perf_counter() - eval_start
+                progress.restart_clock(step)  # examples/s counts training only
+                history.append(result)
+                progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
+                progress.message(f"eval at step {step}: linear probe "
+                                 f"{result['linear_probe']:.4f}, kNN {result['knn']:.4f}")
+        if pending is not None:
+            _check_finite(*pending, limit)
+    if stopped_at is not None:
+        ckpt.wait_until_finished()
+        ckpt.close()
+        cause = f"signal {stop.received}" if stop.received else "a signal to another process"
+        progress.message(f"stopped by {cause} after step {stopped_at}: "
+                         f"checkpoint saved in {workdir / 'checkpoints'}; run the same command "
+                         "to resume")
+        progress.close()
+        return {"steps": steps, "stopped_at": stopped_at, "resumed_from": resumed}
+    ckpt.wait_until_finished()
+    train_time = time.perf_counter() - train_start - eval_time
+    final = evaluate(run.graphdef, state, config, mesh) if config.evaluation.enabled else {}
+    history.append({"step": steps, "wall_s": round(time.perf_counter() - run.start, 2),
+                    "train_s": round(train_time, 2), **final})
+    progress.scalars("eval", steps, {k: v for k, v in history[-1].items() if k != "step"})
+    results = {
+        "steps": steps,
+        "resumed_from": resumed,
+        "global_batch": config.data.batch_size,
+        "devices": int(mesh.devices.size),
+        "processes": jax.process_count(),
+        "train_time_s": round(train_time, 2),
+        "wall_time_s": round(time.perf_counter() - run.start, 2),
+        **final,
+        "final_train_metrics": {k: float(np.asarray(v)) for k, v in jax.device_get(
+            metrics).items()},
+        "evaluations": history,
+        "params_sha256": params_digest(state),
+    }
+    results.update(run.method.results(run.source, config))
+    if jax.process_index() == 0:
+        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "linear_probe_l2")
+    progress.message(f"done in {results['wall_time_s']:.0f} s"
+                     f"{': ' + summary if summary else ''} -> {workdir / 'results.json'}")
+    progress.close()
+    ckpt.close()
+    return results

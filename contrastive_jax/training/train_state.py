@@ -1,0 +1,71 @@
+"""The train state: a plain pytree that ``jit``, ``shard_map`` and orbax see as arrays.
+
+:class:`TrainState` holds the step counter, the model split by Flax NNX into its parameters
+(``params``) and the rest of its state (``rest``: BatchNorm statistics, ...), the optimiser
+state, the base random key, the non-finite step counters, and ``extra``: whatever the method
+keeps besides the model (:meth:`~contrastive_jax.training.methods.Method.init_extra`; MoCo's
+key encoder and queue). The graph definition is static and kept apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from contrastive_jax.training.methods import Method
+from contrastive_jax.training.models import build_model
+from contrastive_jax.training.optimizers import build_optimizer
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step reads and writes; saved whole in every checkpoint."""
+
+    step: jax.Array  # completed steps, int32
+    params: Any  # nnx.Param leaves of the model
+    rest: Any  # the model's other state (BatchNorm statistics)
+    opt_state: Any
+    rng: jax.Array  # raw key data; the step's key is fold_in(rng, step)
+    skipped: jax.Array  # steps skipped for a non-finite loss or gradient, int32
+    skipped_in_a_row: jax.Array
+    extra: dict[str, Any]  # the method's own state
+
+
+def create_state(config, steps: int, method: Method
+                 ) -> tuple[nnx.GraphDef, TrainState, optax.GradientTransformation]:
+    """``(graphdef, fresh state, optimiser)`` for ``config`` trained for ``steps`` steps."""
+    model = build_model(config.model, nnx.Rngs(config.seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    tx = build_optimizer(config.optimizer, steps, params)
+    def zero():  # one buffer per leaf: the step donates the state, and XLA cannot donate a
+        return jnp.zeros((), jnp.int32)  # buffer that backs two of its inputs
+
+    state = TrainState(step=zero(), params=params, rest=rest, opt_state=tx.init(params),
+                       rng=jax.random.key_data(jax.random.key(config.seed)), skipped=zero(),
+                       skipped_in_a_row=zero(),
+                       extra=method.init_extra(model, params, rest, config))
+    return graphdef, state, tx
+
+
+def replicated(mesh: Mesh, tree):
+    """A sharding for every leaf of ``tree``: replicated on every device of ``mesh``."""
+    return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
+
+
+def params_digest(state: TrainState) -> str:
+    """SHA-256 of the parameters and the other model state (BatchNorm statistics), leaf by leaf
+    in tree order: equal digests mean bit-identical models."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves((state.params, state.rest)):
+        value = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        digest.update(str((value.shape, value.dtype.str)).encode())
+        digest.update(np.ascontiguousarray(value).tobytes())
+    return digest.hexdigest()
