@@ -5,7 +5,8 @@
 x ~ N(0, I_20), y = rho x + sqrt(1 - rho^2) eps with I(X; Y) = ``mi`` nats; a separable critic
 (two MLPs, 2 x 256 ReLU, 32-d embeddings; cosine similarity times a learnable scale) trained
 with one-directional InfoNCE; the logged ``mi_bound`` = log N - L is the estimate, never above
-log N (log 64 = 4.16 at batch 64; 002 A.12.10). Variants: ``mi``, ``batch``, ``steps``,
+log N (log 64 = 4.16 at batch 64; docs/derivations.md §15.3). Variants: ``mi``, ``batch``,
+``steps``,
 ``dim``, ``seed``, ``quick``.
 """
 

@@ -1,4 +1,5 @@
-"""MoCo on MNIST-1D: momentum key encoder and a queue of 4096 negatives (004).
+"""MoCo on MNIST-1D: momentum key encoder and a queue of 4096 negatives ([MoCo];
+docs/derivations.md §10).
 
     python -m contrastive_jax.main --config=configs/moco_mnist1d.py --workdir=runs/moco
 

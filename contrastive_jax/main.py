@@ -1,15 +1,19 @@
 """Command line: ``python -m contrastive_jax.main --config=configs/X.py[:variant] --workdir=DIR``.
 
 Any field can be overridden: ``--config.data.batch_size=256 --config.loss.temperature=0.2``.
-Run the same command on every host of a pod (see README "Launching"); a workdir that holds
+Run the same command on every host of a pod (docs/launching.md); a workdir that holds
 checkpoints resumes. Results go to ``DIR/results.json``, TensorBoard scalars to
 ``DIR/tensorboard``, per-step metrics to ``DIR/metrics.jsonl``, checkpoints to
 ``DIR/checkpoints``.
 
-Exit status: 0 when the run finished or was stopped by SIGTERM/SIGINT after saving a
-checkpoint; 2 with a one-paragraph ``error: ...`` message (no traceback) for a bad config,
-bad input data, an unusable workdir or checkpoint, or a run that kept producing non-finite
-losses. Set ``CONTRASTIVE_JAX_TRACEBACK=1`` to see the traceback instead.
+Exit status (docs/reliability.md):
+
+- 0: the run finished, or was stopped by SIGTERM/SIGINT after saving a checkpoint;
+- 2: a problem the user can fix, one paragraph ``error: ...`` on stderr and no traceback: a bad
+  config, variant or flag, data that is not prepared, an unusable workdir or checkpoint, a run
+  that kept producing non-finite losses (every :class:`contrastive_jax.errors.
+  ContrastiveJaxError`). ``CONTRASTIVE_JAX_TRACEBACK=1`` shows the traceback as well;
+- 1: anything else, with its traceback: a bug (please report it).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import uuid
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from contrastive_jax.errors import ConfigError, ContrastiveJaxError, WorkdirError
 from contrastive_jax.training.distributed import initialize, launch_settings
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
@@ -30,12 +35,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class UsageError(ValueError):
-    """A problem with the command line or its environment that the user must fix."""
-
-
 def check_workdir(workdir: str) -> None:
     """Create ``workdir`` if needed and check that a file can be written there."""
+    if not workdir.strip():
+        raise WorkdirError("--workdir is empty; give the directory for checkpoints and results")
     if "://" in workdir:  # gs://... : checked by orbax on first write
         return
     path = pathlib.Path(workdir)
@@ -45,16 +48,61 @@ def check_workdir(workdir: str) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        raise UsageError(f"workdir {workdir} is not writable ({err.strerror}); choose another "
-                         "--workdir") from None
+        raise WorkdirError(f"workdir {workdir} is not writable ({err.strerror}); choose another "
+                           "--workdir") from None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with the user's mistakes in it turned into :class:`ConfigError`.
+
+    An unknown config key, a bad variant, a value that does not parse, a config file that
+    does not load: each becomes one message naming what to change, instead of absl's
+    ``FATAL Flags parsing error`` with the config loader's traceback inside.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except ContrastiveJaxError as err:  # config_flags re-raises it with the loader's traceback
+        raise type(err)(_last_line(err)) from None
+    except flags.Error as err:
+        cause = err.__context__
+        if isinstance(cause, ContrastiveJaxError):  # raised by the config file's get_config
+            raise ConfigError(_last_line(cause)) from None
+        raise ConfigError(_last_line(err)) from None
+    except AttributeError as err:  # ml_collections: an override naming no field
+        if "Did you mean" not in str(err):
+            raise
+        message = str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
+        raise ConfigError(f"unknown config key {message}") from None
+
+
+def _last_line(err: BaseException) -> str:
+    """The last line of an error's message, without a ``module.ErrorClass: `` prefix (what
+    is left of a traceback that a library folded into the message)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(err).__name__
+    head, sep, rest = last.partition(": ")
+    return rest if sep and head.rpartition(".")[2].endswith("Error") else last
+
+
+def load_config():
+    """The parsed ``--config`` (a locked ConfigDict); a config file that fails to load is a
+    :class:`ConfigError` saying why."""
+    config = _CONFIG.value
+    try:
+        config.keys()  # a file that failed to load leaves a placeholder that raises here
+    except OSError as err:
+        raise ConfigError(f"--config={flags.FLAGS['config'].serialize().partition('=')[2]} "
+                          f"could not be loaded: {_last_line(err)}") from None
+    return config
 
 
 def main(argv: list[str]) -> None:
+    """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing)."""
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise ConfigError(f"unexpected arguments: {argv[1:]}")
     if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
         logging.set_verbosity(logging.WARNING)
-    config = _CONFIG.value
+    config = load_config()
     check_workdir(_WORKDIR.value)
     initialize(launch_settings(config.get("launch")))
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
@@ -62,28 +110,14 @@ def main(argv: list[str]) -> None:
     train_and_evaluate(config, _WORKDIR.value)
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from contrastive_jax.training.checkpoints import CheckpointError
-    from contrastive_jax.training.data.sources import DatasetNotPreparedError
-    from contrastive_jax.training.train import NonFiniteError
-
-    # ValueError / TypeError / KeyError / AttributeError: bad settings (config_flags reports
-    # unknown keys as AttributeError with "Did you mean ...", wrong types as TypeError)
-    return (ValueError, TypeError, KeyError, AttributeError, DatasetNotPreparedError,
-            CheckpointError, NonFiniteError, flags.Error)
-
-
 def run() -> None:
-    """``app.run(main)`` with user errors reported as one message and exit status 2."""
+    """``app.run(main)``; the project's own errors as one paragraph and exit status 2."""
     try:
-        app.run(main)
-    except _user_errors() as err:
+        app.run(main, flags_parser=parse_flags)
+    except ContrastiveJaxError as err:
         if os.environ.get("CONTRASTIVE_JAX_TRACEBACK"):
             raise
-        message = str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
-        if isinstance(err, AttributeError) and "Did you mean" in message:
-            message = f"unknown config key {message}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 

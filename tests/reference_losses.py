@@ -1,4 +1,5 @@
-"""Deliberately slow, obvious NumPy references, written line by line from the texts.
+"""Deliberately slow, obvious NumPy references, written line by line from the definitions of
+docs/derivations.md (§8.1, §9.1, §10.1).
 
 Plain Python loops over every row, column and candidate, so that nothing is shared with the
 vectorised JAX code under test. Similarities are float64; each log-sum-exp and its difference with
@@ -17,7 +18,8 @@ mpmath.mp.dps = 50
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
-    """001 step 1: divide each embedding by its L2 norm (a zero row stays zero)."""
+    """docs/derivations.md §8.1 step 1 (§2): divide each embedding by its L2 norm (a zero row stays
+    zero)."""
     out = np.zeros_like(x, dtype=np.float64)
     for i, row in enumerate(np.asarray(x, np.float64)):
         norm = math.sqrt(sum(float(v) * float(v) for v in row))
@@ -26,14 +28,14 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def logsumexp(values) -> mpmath.mpf:
-    """001 step 3: m + log(sum exp(v - m)), in 50-digit arithmetic."""
+    """docs/derivations.md §8.1 step 3 (§6.1): m + log(sum exp(v - m)), in 50-digit arithmetic."""
     values = [mpmath.mpf(v) for v in values]
     m = max(values)
     return m + mpmath.log(mpmath.fsum(mpmath.exp(v - m) for v in values))
 
 
 def clip_loss(x, y, logit_scale: float) -> float:
-    """001 "Step-by-Step Strategy", steps 1-5 (without the rounding to 4 decimals)."""
+    """docs/derivations.md §8.1, steps 1-5."""
     xi, yt = normalize_rows(x), normalize_rows(y)
     n = len(xi)
     logits = [[logit_scale * float(np.dot(xi[i], yt[j])) for j in range(n)] for i in range(n)]
@@ -50,7 +52,8 @@ def clip_loss(x, y, logit_scale: float) -> float:
 
 
 def nt_xent(z1, z2, tau: float, normalize: bool = True) -> float:
-    """004's pseudo-code: 2N views, S[i][i] = -inf, positive = the other view of the same x.
+    """docs/derivations.md §9.1 ([SimCLR] Algorithm 1): 2N views, S[i][i] = -inf, positive = the
+    other view of the same x.
 
     ``normalize=False``: dot products instead of cosines (SimCLR Table 5's "no l2 norm").
     """
@@ -80,7 +83,8 @@ def info_nce(logits, positives) -> float:
 
 
 def moco_infonce(q, k, queue, tau: float) -> float:
-    """004: (1 + K)-way classification, positive q.k first, negatives from the queue."""
+    """docs/derivations.md §10.1 ([MoCo] §3.1): (1 + K)-way classification, positive q.k first,
+    negatives from the queue."""
     qn, kn, qun = normalize_rows(q), normalize_rows(k), normalize_rows(queue)
     total = 0.0
     for i in range(len(qn)):

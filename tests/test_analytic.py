@@ -1,4 +1,4 @@
-"""Every closed form of 000 P1-P10 and 002 A.12.6-A.12.8 against jax.grad, and their identities."""
+"""Every closed form of docs/derivations.md (index §18.2) against jax.grad, and their identities."""
 
 import itertools
 
@@ -44,7 +44,7 @@ def test_p6_gamma_sums_to_zero_with_negative_diagonal(shape, seed, scale):
         assert abs(gamma.sum()) < 1e-14
         assert np.all(np.diag(gamma) < 0)
         assert np.all(gamma[~np.eye(n, dtype=bool)] >= 0)
-        # Each row of P_r - I and each column of P_c - I sums to zero (000 P6 step 5).
+        # Each row of P_r - I and each column of P_c - I sums to zero (docs/derivations.md §8.3).
         np.testing.assert_allclose(rows.sum(axis=1), 0.0, atol=1e-15)
         np.testing.assert_allclose(cols.sum(axis=0), 0.0, atol=1e-15)
 
@@ -88,7 +88,7 @@ def test_p10_dot_product_loss_decreases_along_the_ray_when_positive_leads():
         values = np.array([float(loss(a)) for a in (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)])
         assert np.all(np.diff(values) < 0)
         assert float(anchor.dot_product_ray_derivative(u, v, 2, 0.5)) < 0
-        # ...while the cosine loss is flat along the same ray (000 P7 vs P10).
+        # ...while the cosine loss is flat along the same ray (docs/derivations.md §12.1 vs §12.4).
         np.testing.assert_allclose(_anchor_loss(8.0 * u, v, 2, 0.5), _anchor_loss(u, v, 2, 0.5),
                                    rtol=1e-12)
 

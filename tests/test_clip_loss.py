@@ -1,4 +1,5 @@
-"""clip_loss against 001's step-by-step algorithm, its edge cases, and its analytic backward."""
+"""clip_loss against the step-by-step algorithm of docs/derivations.md §8.1, its edge cases, and
+its analytic backward."""
 
 import itertools
 
@@ -30,7 +31,7 @@ def _exact_and_bound(x, y, log_scale, direction="both", max_scale=100.0):
 
 
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17, 256], [1, 8, 64])))
-def test_matches_001_reference_in_float32(n, d):
+def test_matches_reference_in_float32(n, d):
     x, y = _pair(n, d, seed=n + d)
     for scale in (1.0, 14.3, 100.0):
         log_scale = np.float32(np.log(scale))

@@ -36,7 +36,7 @@ def test_several_positives_is_minus_log_of_their_summed_probability():
         logits = jax.random.normal(jax.random.key(1), (4, 6), jnp.float64) * 3
         mask = jnp.zeros((4, 6), bool).at[:, 1].set(True).at[0, 4].set(True).at[3, 0].set(True)
         p = jax.nn.softmax(logits, axis=1)
-        expected = -jnp.mean(jnp.log(jnp.sum(jnp.where(mask, p, 0.0), axis=1)))  # 002 A.12.4
+        expected = -jnp.mean(jnp.log(jnp.sum(jnp.where(mask, p, 0.0), axis=1)))  # derivations §5.1
         np.testing.assert_allclose(info_nce(logits, mask), expected, rtol=1e-13)
         # Gradient: (p - q) / A with q the softmax restricted to the positives.
         q = jnp.where(mask, p, 0.0) / jnp.sum(jnp.where(mask, p, 0.0), axis=1, keepdims=True)

@@ -1,4 +1,4 @@
-"""mi_lower_bound = log N - L (002 A.12.10)."""
+"""mi_lower_bound = log N - L (docs/derivations.md §15)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,5 @@
-"""l2_normalize: unit rows, the A.12.8 Jacobian, and a finite result at zero."""
+"""l2_normalize: unit rows, the Jacobian of docs/derivations.md §2.2, and a finite result at
+zero."""
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,10 @@ def test_jacobian_is_a_12_8_in_float64():
         jac = jax.jacobian(l2_normalize)(x)
         n = np.linalg.norm(np.asarray(x))
         u = np.asarray(x) / n
-        expected = (np.eye(6) - np.outer(u, u)) / n  # 002 A.12.8
+        expected = (np.eye(6) - np.outer(u, u)) / n  # derivations §2.2
         np.testing.assert_allclose(jac, expected, rtol=1e-13, atol=1e-15)
-        np.testing.assert_allclose(np.asarray(x) @ np.asarray(jac), 0.0, atol=1e-14)  # P7
+        # derivations §2.4
+        np.testing.assert_allclose(np.asarray(x) @ np.asarray(jac), 0.0, atol=1e-14)
 
 
 def test_zero_vector_gives_finite_output_and_gradient():

@@ -1,4 +1,5 @@
-"""nt_xent against 004's pseudo-code, chance level, its analytic backward, and input errors."""
+"""nt_xent against the definition of docs/derivations.md §9.1, chance level, its analytic backward,
+and input errors."""
 
 import itertools
 
@@ -27,7 +28,7 @@ def _nt_xent_bound(z1, z2, tau):
 
 
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17], [1, 8, 64])))
-def test_matches_004_pseudocode_in_float32(n, d):
+def test_matches_reference_in_float32(n, d):
     for noise in (None, 0.3):  # independent views, then correlated views (tiny losses)
         z1, z2 = _views(n, d, seed=n * d, noise=noise)
         for tau in (1.0, 0.07, 0.01):
@@ -48,7 +49,8 @@ def test_identical_embeddings_give_chance_level(n, tau):
 
 
 def test_self_similarity_is_masked():
-    # Without the mask every row would include exp(1/tau), the largest term (004).
+    # Without the mask every row would include exp(1/tau), the largest term (docs/derivations.md
+    # §9.1 step 4).
     z1, z2 = _views(4, 3, seed=1, noise=0.2)
     unmasked = []
     views = np.concatenate([z1, z2]) / np.linalg.norm(np.concatenate([z1, z2]), axis=1)[:, None]
@@ -118,7 +120,8 @@ def test_shape_errors():
 
 def test_dot_product_logits_match_the_reference_and_reward_growing_norms():
     """normalize=False: logits z_i . z_j / tau (SimCLR Table 5 "no l2 norm"), exact in float64;
-    with the positive leading, scaling every embedding by 2 lowers the loss (000 P10)."""
+    with the positive leading, scaling every embedding by 2 lowers the loss (docs/derivations.md
+    §12.4)."""
     z1, z2 = _views(5, 4, seed=3, noise=0.2)
     with jax.enable_x64(True):
         a, b = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64)

@@ -131,20 +131,50 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
         train.train_and_evaluate(config, str(tmp_path))
 
 
-@pytest.mark.parametrize("extra, message", [
+@pytest.mark.parametrize("argv, message", [
     (["--config.data.batchsize=8"], 'unknown config key .*Did you mean "batch_size"'),
     (["--config.loss.temperature=0"], "loss.temperature must be > 0"),
     (["--config.data.name=cifar10"], "not prepared .*tfds build cifar10"),
     (["--config.data.batch_size=abc"], "invalid literal for int"),
+    (["--config=configs/simclr_mnist1d.py:quick,batchh=32"],
+     "unknown config variant 'batchh'; did you mean 'batch'"),
+    (["--config=configs/simclr_mnist1d.py:quick,temperature=nan"],
+     "loss.temperature must be > 0; got nan"),
+    (["--config=configs/no_such_config.py"], "could not be loaded: .*No such file"),
+    (["--workdir="], "--workdir is empty"),
 ])
-def test_bad_input_exits_non_zero_with_a_short_message(tmp_path, extra, message):
+def test_user_errors_exit_2_with_one_paragraph(tmp_path, argv, message):
     import re
 
-    run = subprocess.run(command(tmp_path / "w", *extra), env=environment(), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode != 0
+    base = command(tmp_path / "w")
+    if argv[0].startswith("--config="):  # another config file or variant instead of QUICK's
+        base = [a for a in base if not a.startswith("--config")] + argv[:1]
+        argv = argv[1:]
+    run = subprocess.run(base + argv, env=environment(), cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-2000:]
     assert re.search(message, run.stderr, re.S), run.stderr[-2000:]
-    assert "Traceback" not in run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("error:") == 1
+
+
+def test_anything_else_raises_with_its_traceback(tmp_path):
+    """A bug is not a user error: exit status 1 and the traceback (docs/reliability.md); and
+    CONTRASTIVE_JAX_TRACEBACK=1 shows the traceback of a user error too."""
+    code = ("import sys; from contrastive_jax import main; from contrastive_jax.training import "
+            "train\n"
+            "def boom(config, workdir): raise RuntimeError('a bug')\n"
+            "train.train_and_evaluate = boom\n"
+            f"sys.argv = {command(tmp_path / 'w')[2:]!r}\n"
+            "main.run()")
+    run = subprocess.run([sys.executable, "-c", code], env=environment(), cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "Traceback" in run.stderr
+    assert "RuntimeError: a bug" in run.stderr and "error: a bug" not in run.stderr
+    shown = subprocess.run(command(tmp_path / "w", "--config.loss.temperature=0"),
+                           env={**environment(), "CONTRASTIVE_JAX_TRACEBACK": "1"}, cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 1 and "Traceback" in shown.stderr
+    assert "ConfigError: loss.temperature must be > 0" in shown.stderr
 
 
 def test_global_batch_must_divide_over_the_devices(tmp_path):

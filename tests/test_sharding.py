@@ -1,4 +1,5 @@
-"""Sharded losses equal the single-device loss on the concatenated batch (002 A.12.2)."""
+"""Sharded losses equal the single-device loss on the concatenated batch (docs/derivations.md
+§14)."""
 
 import jax
 import jax.numpy as jnp

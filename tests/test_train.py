@@ -220,7 +220,7 @@ def test_mutual_information_run_reports_the_true_value(tmp_path):
     results = train.train_and_evaluate(config, str(tmp_path))
     assert results["true_mutual_information"] == pytest.approx(6.0)
     bound = results["final_train_metrics"]["mi_bound"]
-    assert bound <= np.log(config.data.batch_size) + 1e-6  # never above log N (002 A.12.10)
+    assert bound <= np.log(config.data.batch_size) + 1e-6  # never above log N (derivations §15.3)
 
 
 def test_evaluation_of_a_dual_encoder_is_the_same_on_one_and_eight_devices():

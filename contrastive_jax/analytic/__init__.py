@@ -1,7 +1,7 @@
-"""Closed-form gradients of the contrastive losses, one function per formula of the texts.
+"""Closed-form gradients of the contrastive losses, one function per formula of docs/derivations.md.
 
-:mod:`.anchor` holds the single-anchor results of ``000`` Problems 1-5, 7, 8 and 10;
-:mod:`.batch` the matrix results of Problems 6 and 9 and ``002`` A.12.6-A.12.8.
+:mod:`.anchor` holds the single-anchor results of docs/derivations.md §3, §4, §7 and §12;
+:mod:`.batch` the matrix results of §2.2, §8.2-8.5 and §9.2 (index: §18.2).
 """
 
 from contrastive_jax.analytic import anchor, batch

@@ -1,10 +1,11 @@
-"""Every closed-form gradient of the reference texts against ``jax.grad`` of the library losses.
+"""Every closed-form gradient of docs/derivations.md against ``jax.grad`` of the library losses.
 
 Each :class:`Check` draws random inputs, evaluates one formula of :mod:`contrastive_jax.analytic`
 (or an analytic backward pass of a loss) and the same quantity by automatic differentiation of
 the corresponding loss in :mod:`contrastive_jax.losses`, and reports the normwise relative error
 ``||formula - autodiff||_2 / ||autodiff||_2`` (the worst over several shapes and seeds). For the
-identity of 000 P7.2 the error is the normalised residual ``|u . g| / (||u|| ||g||)``.
+identity of docs/derivations.md §12.1 (``u . grad_u l = 0``) the error is the normalised residual
+``|u . g| / (||u|| ||g||)``.
 ``experiments/gradcheck.py`` prints the table; the tests
 assert every float64 row is below 1e-10.
 """
@@ -50,7 +51,8 @@ def _draws(key, dtype, n, d, tau_range=(0.1, 1.0)):
 
 
 def _anchor_loss(u, v, pos, tau):
-    """000's single-anchor loss through the library: cosines via l2_normalize, info_nce."""
+    """The single-anchor loss of docs/derivations.md §4.1 through the library: cosines via
+    l2_normalize, info_nce."""
     c = l2_normalize(v) @ l2_normalize(u)
     return info_nce((c / tau)[None], pos[None])
 
@@ -271,39 +273,46 @@ def _normalize_vjp(key, dtype, n, d):
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("grad_z l = p - y", "000 P1.2", _p1_logits),
-    Check("grad_c l = (p - y)/tau", "000 P1.3", _p1_similarities),
-    Check("grad_u c, grad_v c (cosine)", "000 P2", _p2_cosine),
-    Check("grad_u l (anchor)", "000 P3", _p3_anchor),
-    Check("grad_{v_j} l (candidates)", "000 P4", _p4_candidates),
-    Check("p_j/p_k = exp((c_j - c_k)/tau)", "000 P5.1", _p5_ratio),
-    Check("tau->0 grad (e_j* - e_pos)/tau, tau=0.004", "000 P5.4", _p5_low_grad),
-    Check("tau->0 loss hinge/tau, tau=0.004", "000 P5.4", _p5_low_loss),
-    Check("tau->inf grad (1/K - y)/tau, tau=1e13", "000 P5.5", _p5_high_grad),
-    Check("Gamma = (P_r + P_c - 2I)/(2N)", "000 P6", _p6_gamma),
-    Check("dL_x->y/dS = (P - I)/B", "002 A.12.6", _a126_rows),
-    Check("grad_{u_i} L_x->y = (sum_j p_ij v_j - v_i)/(B tau)", "002 A.12.7", _a127_anchor_rows),
-    Check("grad l(alpha u) = grad l(u)/alpha", "000 P7.4", _p7_rescaled),
-    Check("u . grad_u l = 0 (residual u.g/|u||g|)", "000 P7.2", _p7_orthogonal, identity=True),
-    Check("grad_W l = (grad_u l) x^T", "000 P7.5", _p7_weight),
-    Check("dl/dtau = (c_pos - sum p c)/tau^2", "000 P8.4", _p8_tau),
-    Check("dl/dt = (sum p c - c_pos)/tau, tau = e^-t", "000 P8.5", _p8_log_scale),
-    Check("clip dL/dlog_scale = sum Gamma * Z", "000 P8 + P6", _p8_clip_log_scale),
-    Check("grad_U_hat = Gamma V_hat/tau, grad_V_hat = Gamma^T U_hat/tau", "000 P9.2-3", _p9_unit),
-    Check("grad_u_i through normalisation (full clip backward)", "000 P9.5", _p9_raw),
-    Check("(I - u_hat u_hat^T) g/|u|", "002 A.12.8", _a128_projection),
-    Check("dot-product grad_u l = sum (p - y) v/tau", "000 P10.1", _p10_grad),
-    Check("dot-product d l(alpha u)/d alpha = sum p z - z_pos", "000 P10.3", _p10_ray),
-    Check("NT-Xent dL/dS = (P - Y)/(2N), self masked", "004 + 000 P1", _nt_xent_logits),
-    Check("clip_loss impl='analytic' backward (x, y, log_scale)", "000 P9 + P8",
+    Check("grad_z l = p - y", "derivations §4.2", _p1_logits),
+    Check("grad_c l = (p - y)/tau", "derivations §4.3", _p1_similarities),
+    Check("grad_u c, grad_v c (cosine)", "derivations §3.1", _p2_cosine),
+    Check("grad_u l (anchor)", "derivations §4.4", _p3_anchor),
+    Check("grad_{v_j} l (candidates)", "derivations §4.5", _p4_candidates),
+    Check("p_j/p_k = exp((c_j - c_k)/tau)", "derivations §7.1", _p5_ratio),
+    Check("tau->0 grad (e_j* - e_pos)/tau, tau=0.004", "derivations §7.2", _p5_low_grad),
+    Check("tau->0 loss hinge/tau, tau=0.004", "derivations §7.2", _p5_low_loss),
+    Check("tau->inf grad (1/K - y)/tau, tau=1e13", "derivations §7.3", _p5_high_grad),
+    Check("Gamma = (P_r + P_c - 2I)/(2N)", "derivations §8.3", _p6_gamma),
+    Check("dL_x->y/dS = (P - I)/B", "derivations §8.2", _a126_rows),
+    Check("grad_{u_i} L_x->y = (sum_j p_ij v_j - v_i)/(B tau)",
+          "derivations §8.2", _a127_anchor_rows),
+    Check("grad l(alpha u) = grad l(u)/alpha", "derivations §12.1", _p7_rescaled),
+    Check("u . grad_u l = 0 (residual u.g/|u||g|)",
+          "derivations §12.1", _p7_orthogonal, identity=True),
+    Check("grad_W l = (grad_u l) x^T", "derivations §12.2", _p7_weight),
+    Check("dl/dtau = (c_pos - sum p c)/tau^2", "derivations §7.4", _p8_tau),
+    Check("dl/dt = (sum p c - c_pos)/tau, tau = e^-t", "derivations §7.5", _p8_log_scale),
+    Check("clip dL/dlog_scale = sum Gamma * Z", "derivations §8.5", _p8_clip_log_scale),
+    Check("grad_U_hat = Gamma V_hat/tau, grad_V_hat = Gamma^T U_hat/tau",
+          "derivations §8.4", _p9_unit),
+    Check("grad_u_i through normalisation (full clip backward)", "derivations §8.4", _p9_raw),
+    Check("(I - u_hat u_hat^T) g/|u|", "derivations §2.2", _a128_projection),
+    Check("dot-product grad_u l = sum (p - y) v/tau", "derivations §12.4", _p10_grad),
+    Check("dot-product d l(alpha u)/d alpha = sum p z - z_pos", "derivations §12.4", _p10_ray),
+    Check("NT-Xent dL/dS = (P - Y)/(2N), self masked", "derivations §9.2", _nt_xent_logits),
+    Check("clip_loss impl='analytic' backward (x, y, log_scale)",
+          "derivations §8.6",
           _custom_backward(clip_loss, "analytic")),
-    Check("nt_xent impl='analytic' backward (z1, z2, tau)", "000 P9 + P8",
+    Check("nt_xent impl='analytic' backward (z1, z2, tau)",
+          "derivations §9.3-9.4",
           _custom_backward(nt_xent, "analytic")),
-    Check("clip_loss impl='tiled' backward, block 2 (x, y, log_scale)", "000 P9 + P8",
+    Check("clip_loss impl='tiled' backward, block 2 (x, y, log_scale)",
+          "derivations §13.3",
           _custom_backward(clip_loss, "tiled", block_size=2)),
-    Check("nt_xent impl='tiled' backward, block 4 (z1, z2, tau)", "000 P9 + P8",
+    Check("nt_xent impl='tiled' backward, block 4 (z1, z2, tau)",
+          "derivations §13.3",
           _custom_backward(nt_xent, "tiled", block_size=4)),
-    Check("l2_normalize_vjp (incl. a zero row)", "002 A.12.8", _normalize_vjp),
+    Check("l2_normalize_vjp (incl. a zero row)", "derivations §2.2-2.3", _normalize_vjp),
 )
 
 

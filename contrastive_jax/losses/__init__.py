@@ -2,7 +2,7 @@
 
 Every loss takes raw float32/bfloat16/float64 embeddings, computes logits and log-sum-exps in
 float32 (or float64), and validates shapes before tracing. See each function for its formula
-and the reference text it follows.
+and the section of docs/derivations.md it follows.
 """
 
 from contrastive_jax.losses.clip import clip_loss

@@ -9,7 +9,7 @@ anchors' online log-sum-exp statistics (O(n)) are carried from chunk to chunk, s
 (n, N) logit block exists. The device's own chunk holds each anchor's positive (and, for
 NT-Xent, the anchor itself); every other chunk holds negatives only.
 
-Two kinds of chunk (000 P1, 001, 004):
+Two kinds of chunk (docs/derivations.md §4, §8.1, §9.1):
 
 - ``"clip"``: anchor ``i`` is positive with candidate ``i`` of its own chunk (one direction of
   CLIP; the symmetric loss runs the engine twice, anchors ``x`` against candidates ``y`` and
@@ -21,8 +21,9 @@ Two kinds of chunk (000 P1, 001, 004):
 Forward per chunk: :func:`chunk_normalisers` folds the negatives' ``(shift, total)`` into the
 running :class:`~contrastive_jax.losses.tile_kernels.Normaliser` of each anchor and reads the
 positive
-cosines off the own chunk's tiles. Backward per chunk (000 P6, P9): :func:`chunk_grads`
-recomputes each tile, forms ``Gamma = g (P - I)`` on the negatives and accumulates
+cosines off the own chunk's tiles. Backward per chunk (docs/derivations.md §8.3-8.4, §14.2):
+:func:`chunk_grads` recomputes each tile, forms ``Gamma = g (P - I)`` on the negatives and
+accumulates
 ``Gamma C_hat`` into the anchors' gradient and ``Gamma^T A_hat`` into the chunk's; the
 positives' ``g (p_pos - 1)`` are applied in O(n d) by the caller.
 """

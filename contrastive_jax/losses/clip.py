@@ -1,6 +1,7 @@
 """Symmetric CLIP InfoNCE with a learnable, clipped logit scale.
 
-Sources: 001; 002 A.12.5; 000 P6, P8, P9.
+Derivation: docs/derivations.md §8 (definition §8.1, Gamma §8.3, backward §8.4, logit scale §8.5,
+clip §7.6); [CLIP].
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ def clip_loss(
       impl: ``"tiled"`` (default: never builds the N x N logits; online log-sum-exp over
         (block, block) tiles forward, tiles recomputed backward; memory O(N d + block^2); see
         :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (dense, a ``jax.custom_vjp`` whose
-        backward pass is 000 P9: ``Gamma`` from the saved logits, two matmuls and a row
-        projection) or ``"autodiff"`` (reverse mode through the dense forward). All three agree
-        to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
+        backward pass is docs/derivations.md §8.6: ``Gamma`` from the saved logits, two matmuls and
+        a row projection) or ``"autodiff"`` (reverse mode through the dense forward). All three
+        agree to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
         ``jax.vjp``); use ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The
         default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
         (``experiments/results/loss_bench.md``) and the only one whose memory is O(N d).
@@ -63,15 +64,15 @@ def clip_loss(
     Returns:
       Scalar loss in float32 (float64 for float64 inputs).
 
-    Math (001 steps 1-5; 002 A.12.2-A.12.5). ``Z = s x_hat y_hat^T`` with
+    Math (docs/derivations.md §8.1, steps 1-5). ``Z = s x_hat y_hat^T`` with
     ``s = min(exp(log_scale), max_scale)``; ``L_x->y = mean_i (lse_j Z_ij - Z_ii)`` over rows,
     ``L_y->x = mean_j (lse_i Z_ij - Z_jj)`` over columns, each evaluated relative to the positive
     (``softplus(lse_neg - Z_ii)``) so no step overflows or cancels. Logits and log-sum-exps are
     float32 for half-precision inputs.
 
-    Gradients. ``dL/dZ = Gamma = (P_r + P_c - 2I)/(2N)`` (000 P6), ``grad_{x_hat} = s Gamma y_hat``,
-    ``grad_{y_hat} = s Gamma^T x_hat`` (P9), projected through the normalisation (A.12.8). For
-    ``log_scale``: ``dL/dlog_scale = sum_ij Gamma_ij Z_ij`` (P8: per row
+    Gradients. ``dL/dZ = Gamma = (P_r + P_c - 2I)/(2N)`` (§8.3), ``grad_{x_hat} = s Gamma y_hat``,
+    ``grad_{y_hat} = s Gamma^T x_hat`` (§8.4), projected through the normalisation (§2.2). For
+    ``log_scale``: ``dL/dlog_scale = sum_ij Gamma_ij Z_ij`` (§8.5: per row
     ``(sum_j p_j c_j - c_i) / tau``) while ``exp(log_scale) < max_scale``; where the clip is
     active (``log_scale >= log(max_scale)``) the gradient w.r.t. ``log_scale`` is exactly 0: the
     scale is the constant ``max_scale`` there, and the temperature stops learning until an

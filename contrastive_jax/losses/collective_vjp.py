@@ -122,7 +122,8 @@ def _streamed_bwd(setup, residuals, g):
     inputs, scale, per_pass = residuals
     grads: list[Array | None] = [None] * len(inputs)
 
-    def add(index, g_hat):  # through the normalisation (002 A.12.8) into the input's gradient
+    # through the normalisation (docs/derivations.md §2.2) into the input's gradient
+    def add(index, g_hat):
         grad = l2_normalize_vjp(inputs[index], scale * g_hat)
         grads[index] = grad if grads[index] is None else grads[index] + grad
 

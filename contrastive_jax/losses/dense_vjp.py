@@ -1,4 +1,5 @@
-"""Dense losses with a backward pass written from 000 P9 (``impl="analytic"``).
+"""Dense losses with a backward pass written from docs/derivations.md §8.6 and §9.3
+(``impl="analytic"``).
 
 The forward pass forms the N x N logits once and keeps them; the backward pass builds
 ``Gamma`` from them and the saved log-sum-exps in one elementwise pass
@@ -36,7 +37,8 @@ def _whole_matrix_mask(n: int, exclude: str) -> Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def clip_loss_analytic(x, y, log_scale, max_scale, direction):
-    """Dense ``clip_loss`` with the P9 backward, on arrays already in the compute dtype."""
+    """Dense ``clip_loss`` with the backward pass of docs/derivations.md §8.6, on arrays already in
+    the compute dtype."""
     return _clip_fwd(x, y, log_scale, max_scale, direction)[0]
 
 
@@ -92,7 +94,8 @@ clip_loss_analytic.defvjp(_clip_fwd, _clip_bwd)
 
 @jax.custom_vjp
 def nt_xent_analytic(z, temperature):
-    """Dense ``nt_xent`` with the P9 backward on the stacked views ``z = [z1; z2]`` (2N, d)."""
+    """Dense ``nt_xent`` with the backward pass of docs/derivations.md §9.3 on the stacked views
+    ``z = [z1; z2]`` (2N, d)."""
     return _nt_xent_fwd(z, temperature)[0]
 
 

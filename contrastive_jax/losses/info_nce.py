@@ -1,4 +1,4 @@
-"""One-directional InfoNCE over K candidates per anchor (000 P1; 002 A.12.3, A.12.4)."""
+"""One-directional InfoNCE over K candidates per anchor (docs/derivations.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -53,10 +53,11 @@ def info_nce(logits: Array, positives: Array) -> Array:
     Returns:
       Scalar, float32 (float64 for float64 logits): the mean over the A anchors.
 
-    Math. With one positive ``y`` (000 P1; 002 A.12.3) the row loss is
+    Math. With one positive ``y`` (docs/derivations.md §4.1-4.2) the row loss is
     ``-z_y + log sum_j exp(z_j)`` and its gradient w.r.t. the logits is ``p - e_y`` (divided by A
     for the mean). With a set ``P`` of positives (false negatives such as duplicate captions,
-    002 A.12.4) it is ``-log sum_{j in P} p_j = lse_all - lse_P``, with gradient ``p - q`` where
+    docs/derivations.md §5.1-5.2, §5.4) it is ``-log sum_{j in P} p_j = lse_all - lse_P``, with
+    gradient ``p - q`` where
     ``q`` is the softmax restricted to ``P``. Each row is evaluated as
     ``softplus(lse_negatives - lse_positives)`` (see :func:`positive_relative_loss`), which is
     overflow-free at any scale and keeps tiny losses to full relative precision.

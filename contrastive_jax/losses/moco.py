@@ -1,4 +1,5 @@
-"""MoCo's InfoNCE: one positive key per query against a queue of negatives (004)."""
+"""MoCo's InfoNCE: one positive key per query against a queue of negatives ([MoCo];
+docs/derivations.md §10)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ def moco_infonce(q: Array, k: Array, queue: Array, temperature: Array | float) -
 
     Returns:
       Scalar: ``mean_i -log exp(q_i.k_i/tau) / (exp(q_i.k_i/tau) + sum_k exp(q_i.n_k/tau))`` on
-      L2-normalised rows (004: the (1 + K)-way classification with the positive at index 0).
+      L2-normalised rows (docs/derivations.md §10.1, [MoCo] §3.1: the (1 + K)-way classification
+      with the positive at index 0).
 
     ``k`` and ``queue`` are under ``stop_gradient``: in MoCo the key encoder is updated only by
     the momentum (EMA) rule, never by back-propagation. Queue rows are normalised again, which
     is idempotent for stored unit keys. Negatives from a queue come from older encoders, so
-    ``log(K + 1) - L`` is not the mutual-information bound of 002 A.12.10 (see A.12.4).
+    ``log(K + 1) - L`` is not the mutual-information bound of docs/derivations.md §15 (see §5.4,
+    §15.4).
     """
     check_pair("q", q, "k", k)
     check_embeddings("queue", queue)

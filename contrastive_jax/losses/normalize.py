@@ -18,10 +18,10 @@ def l2_normalize(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
     Shapes: any ``x``; the output has the shape and dtype of ``x`` (the arithmetic runs in
     float32 for half-precision inputs).
 
-    Jacobian (002 A.12.8; 000 "Before you start" and P9 step 4). Where ``||x|| > eps``,
+    Jacobian (docs/derivations.md §2.2). Where ``||x|| > eps``,
     ``d x_hat / d x = (I - x_hat x_hat^T) / ||x||``: symmetric, and its image is the tangent
     space of the sphere at ``x_hat``, so the gradient that reaches ``x`` is orthogonal to ``x``
-    (000 P7) and shrinks as ``1 / ||x||``.
+    (docs/derivations.md §2.4, §12.1) and shrinks as ``1 / ||x||``.
 
     What ``eps`` changes. Where ``||x|| <= eps`` (an all-zero embedding, say) the output is
     ``x / eps``: no longer unit length (zero maps to zero, so its logits are all 0) and the
@@ -50,8 +50,8 @@ def clamped_norms(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
 def l2_normalize_vjp(x: Array, g: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
     """Exact vector-Jacobian product of :func:`l2_normalize`: ``g`` at ``x_hat`` to ``x``.
 
-    ``(I - x_hat x_hat^T) g / ||x||`` row by row where ``||x|| > eps`` (002 A.12.8, 000 P9 step
-    4), and ``g / eps`` where ``||x|| <= eps``. Used by the analytic backward passes of the
+    ``(I - x_hat x_hat^T) g / ||x||`` row by row where ``||x|| > eps`` (docs/derivations.md
+    §2.2-2.3), and ``g / eps`` where ``||x|| <= eps``. Used by the analytic backward passes of the
     losses; computed in the dtype of ``g``.
     """
     x = jnp.asarray(x, jnp.result_type(g))

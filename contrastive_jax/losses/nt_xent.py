@@ -1,4 +1,5 @@
-"""SimCLR's NT-Xent on 2N augmented views with the self-similarity mask (004)."""
+"""SimCLR's NT-Xent on 2N augmented views with the self-similarity mask ([SimCLR] §2.1;
+docs/derivations.md §9)."""
 
 from __future__ import annotations
 
@@ -42,27 +43,29 @@ def nt_xent(
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
       impl: ``"tiled"`` (default; see below), ``"autodiff"`` (the only one that composes with
         forward-mode transforms), ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
-        from 000 P9: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then the projection
-        through the normalisation) or ``"tiled"`` (never builds the 2N x 2N matrix; visits only
-        the tiles on and above the diagonal of the symmetric similarity; memory
-        O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`).
+        from docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then
+        the projection through the normalisation) or ``"tiled"`` (never builds the 2N x 2N matrix;
+        visits only the tiles on and above the diagonal of the symmetric similarity; memory O(N d +
+        block^2); see :mod:`contrastive_jax.losses.tiled`).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
         for the other impls.
       normalize: ``False`` drops the L2 normalisation: dot-product logits ``z_i . z_j / tau``
-        (SimCLR Table 5's "no l2 norm" rows; 000 P10 shows this loss rewards growing norms).
-        An ablation, so only ``impl="autodiff"`` implements it (an error otherwise).
+        (SimCLR Table 5's "no l2 norm" rows; docs/derivations.md §12.4 shows this loss rewards
+        growing norms). An ablation, so only ``impl="autodiff"`` implements it (an error otherwise).
 
     Returns:
-      Scalar: the mean over all 2N anchors (004, step 6).
+      Scalar: the mean over all 2N anchors (docs/derivations.md §9.1 step 6).
 
-    Math (004). With ``Z_hat = [z1_hat; z2_hat]`` (2N, d) and ``S = Z_hat Z_hat^T / tau``, anchor
+    Math (docs/derivations.md §9.1). With ``Z_hat = [z1_hat; z2_hat]`` (2N, d) and ``S = Z_hat
+    Z_hat^T / tau``, anchor
     ``i`` has positive ``pi(i) = (i + N) mod 2N`` and the candidates ``j != i``: the self
     similarity (always ``1 / tau``, the largest possible) is masked out, otherwise the loss
     degenerates. Row loss ``-S_{i,pi(i)} + log sum_{j != i} exp(S_ij)``. With all 2N embeddings
-    identical it is ``log(2N - 1)``, chance level. ``dL/dS = (P - Y)/(2N)`` (000 P1 per row,
-    :func:`contrastive_jax.analytic.batch.nt_xent_logit_grad`) and, since ``S`` is symmetric in
+    identical it is ``log(2N - 1)``, chance level. ``dL/dS = (P - Y)/(2N)`` (docs/derivations.md
+    §9.2, :func:`contrastive_jax.analytic.batch.nt_xent_logit_grad`) and, since ``S`` is symmetric
+    in
     ``Z_hat``, ``grad_{Z_hat} L = (G + G^T) Z_hat / tau``; ``dL/dtau = -sum_ij G_ij S_ij / tau``
-    (000 P8).
+    (docs/derivations.md §9.3, §9.4).
     """
     check_pair("z1", z1, "z2", z2)
     check_has_negatives("z1", jnp.shape(z1)[0])

@@ -1,14 +1,14 @@
 """Contrastive losses over a device mesh: every device's rows meet all N rows as negatives.
 
 Each device holds ``n = N / D`` rows of the global batch (``D`` devices on the mesh axis
-``data``). The reference text is explicit that the denominator, the effective batch and
-whether gradients pass through the gather are part of the objective (002 A.12.2), so each
-choice is a named ``strategy``:
+``data``). The denominator, the effective batch and whether gradients pass through the gather are
+part of the objective (docs/derivations.md §14.6), so each choice is a named ``strategy``:
 
 ``"all_gather"`` (exact)
     The candidates are gathered (``lax.all_gather``; per device ``(D - 1) n d`` floats in; raw
     rows, as normalisation is row-wise: each device normalises what it receives, and the exact
-    normalisation Jacobian of 002 A.12.8 is applied at home) and each device computes the
+    normalisation Jacobian of docs/derivations.md §2.2 is applied at home) and each device computes
+    the
     *local loss*: its own anchors against all ``N`` candidates, tiled in (b, b) blocks as in
     :mod:`contrastive_jax.losses.tiled`. For CLIP one pass gives both directions: the tiles
     ``s x_l y_k^T`` of this device's ``x`` rows against every ``y`` chunk yield its rows'
@@ -91,8 +91,9 @@ def clip_loss_shard(
     """CLIP loss of the global batch, called inside ``shard_map`` on this device's (n, d) rows.
 
     Returns the global loss (the same on every device), equal to
-    :func:`contrastive_jax.losses.clip_loss` on the concatenation of all devices' rows (000 P8
-    scale, 001 / 002 A.12.3-A.12.5). ``axis_size`` is the number of devices on ``axis_name``.
+    :func:`contrastive_jax.losses.clip_loss` on the concatenation of all devices' rows
+    (docs/derivations.md §14.1; loss §8.1, scale §7.6). ``axis_size`` is the number of devices on
+    ``axis_name``.
     """
     check_choice("strategy", strategy, STRATEGIES)
     check_choice("direction", direction, tuple(DIRECTION_WEIGHTS))
@@ -123,7 +124,7 @@ def nt_xent_shard(
 
     Row ``i`` of ``z1`` on a device is paired with row ``i`` of ``z2`` on the same device, as in
     :func:`contrastive_jax.losses.nt_xent` on the concatenated views; every other of the
-    ``2N - 2`` views is a negative (004).
+    ``2N - 2`` views is a negative (docs/derivations.md §9.1, §14.6).
     """
     check_choice("strategy", strategy, STRATEGIES)
     block_size = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)

@@ -1,6 +1,6 @@
 """SigLIP's pairwise sigmoid loss (Zhai et al. 2023) with a learnable scale and bias.
 
-Not in the reference texts; it replaces the softmax over candidates (002 A.12.2) by an
+Derived in docs/derivations.md §11 ([SigLIP]); it replaces the softmax over candidates (§8.1) by an
 independent binary decision per pair, so there is no normaliser to share across devices.
 """
 
@@ -29,7 +29,7 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
 
     Args:
       x, y: (N, d) raw embeddings, row i of ``x`` paired with row i of ``y``; L2-normalised
-        inside (a zero row stays finite, 002 A.12.8).
+        inside (a zero row stays finite, docs/derivations.md §2.3).
       log_scale: scalar, ``s = min(exp(log_scale), max_scale)`` (clipped as in
         :func:`contrastive_jax.losses.clip_loss`; gradient 0 where the clip is active).
       bias: scalar ``b`` (SigLIP initialises ``log_scale = log 10``, ``b = -10``, so that the

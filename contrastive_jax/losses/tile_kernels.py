@@ -202,7 +202,8 @@ def tile_logit_grad(
     pos_col: Array | None,
     with_total: bool = True,
 ) -> tuple[Array, Array | None]:
-    """One tile of ``Gamma = alpha (P_r - I) + beta (P_c - I)`` on the negatives (000 P6).
+    """One tile of ``Gamma = alpha (P_r - I) + beta (P_c - I)`` on the negatives
+    (docs/derivations.md §8.3, §13.3).
 
     ``rows`` / ``cols`` carry ``alpha p`` and ``beta p`` for the negatives of each row / column
     (:func:`negative_probabilities`); excluded entries get 0 (the positives' ``p - 1`` are
@@ -212,7 +213,7 @@ def tile_logit_grad(
     ``pos_col`` are the positives' cosines.
 
     Also returns (unless ``with_total=False``) this tile's share of ``sum_ij Gamma_ij C_ij``
-    (``s`` times it is the logit-scale gradient of 000 P8), evaluated as
+    (``s`` times it is the logit-scale gradient of docs/derivations.md §8.5), evaluated as
     ``sum Gamma_ij (C_ij - C_pos)`` over the negatives: each row of ``P_r - I`` (column of
     ``P_c - I``) sums to zero, so centring on the positive is exact, and differences of cosines
     (not of rounded logits of size ``scale``) keep hard negatives exact.

@@ -9,15 +9,16 @@ log-sum-exp). Only these O(n) statistics, over the *negatives* (the positive is 
 every tile and its logit is computed directly as a row-wise dot product), are kept. Each loss is
 then ``softplus(lse_negatives - S_positive)``, as in the dense losses.
 
-Backward (``jax.custom_vjp``; 000 P6, P9). Each tile is recomputed and its block of
+Backward (``jax.custom_vjp``; docs/derivations.md §13.3, with §8.3-8.4). Each tile is recomputed and
+its block of
 ``Gamma = alpha (P_r - I) + beta (P_c - I)`` formed from the stored statistics,
 ``P_r = exp(S - lse_row)``, ``P_c = exp(S - lse_col)``; then ``grad_U_r += s Gamma_tile V_c``
 and ``grad_V_c += s Gamma_tile^T U_r``. The positives' entries ``p_ii - 1 = -sigmoid(lse_neg -
 S_ii)`` are applied outside the tiles in O(n d), and ``sum Gamma * S`` gives the logit-scale
-gradient (000 P8). Four matmuls per tile in all (one forward, three backward). The loop runs
-row block by row block, so each block of ``grad_U`` is complete when its inner loop over the
-columns ends and goes through the normalisation's Jacobian (002 A.12.8) straight into the
-returned gradient; ``grad_V`` is accumulated in place in the array that is returned.
+gradient (docs/derivations.md §8.5). Four matmuls per tile in all (one forward, three backward). The
+loop runs row block by row block, so each block of ``grad_U`` is complete when its inner loop over
+the columns ends and goes through the normalisation's Jacobian (docs/derivations.md §2.2) straight
+into the returned gradient; ``grad_V`` is accumulated in place in the array that is returned.
 
 NT-Xent's similarity ``S = Z_hat Z_hat^T / tau`` is symmetric, so only the tiles with ``r <= c``
 are visited: tile ``(r, c)`` serves as row block ``r`` and, through its columns, as row block

@@ -31,11 +31,21 @@ def parse(arg: str | None, **defaults) -> ml_collections.ConfigDict:
         if not sep:
             values[key] = True
             continue
-        try:
-            values[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            values[key] = raw
+        values[key] = _literal(raw)
     return ml_collections.ConfigDict(values)
+
+
+def _literal(raw: str):
+    """A Python literal (``256``, ``0.2``, ``True``, ``(1, 2)``), ``nan`` / ``inf`` as floats,
+    else the string itself (``loss=siglip``)."""
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        pass
+    try:
+        return float(raw)  # nan, inf, -inf
+    except ValueError:
+        return raw
 
 
 def base_config() -> ml_collections.ConfigDict:

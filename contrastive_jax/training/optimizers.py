@@ -11,13 +11,13 @@ The ``optimizer`` block of a config::
     temperature_lr  peak rate of the log-temperature and the SigLIP bias (0: the main rate);
                     they are never decayed
 
-Why the mask (000 P7): a normalised loss is invariant to the scale of the weights feeding a
-normalisation, so its gradient is orthogonal to them and the weight norm only grows; the
+Why the mask (docs/derivations.md §12.3): a normalised loss is invariant to the scale of the weights
+feeding a normalisation, so its gradient is orthogonal to them and the weight norm only grows; the
 effective step is ``lr / ||w||^2``. Weight decay on those kernels keeps the norm, hence the
-effective learning rate, in check. Biases, normalisation scales and offsets, position
-embeddings, the log-temperature and the SigLIP bias are not decayed: shrinking them changes
-the function, not just its parameterisation. LARS (SimCLR's optimiser) also excludes them from
-the trust-ratio adaptation.
+effective learning rate, in check. Biases, normalisation scales and offsets, position embeddings,
+the log-temperature and the SigLIP bias are not decayed: shrinking them changes the function, not
+just its parameterisation. LARS (SimCLR's optimiser) also excludes them from the trust-ratio
+adaptation.
 """
 
 from __future__ import annotations

@@ -42,5 +42,6 @@ def first_anchors(n: int, max_anchors: int = MAX_ANCHORS) -> int:
 
 
 def mean_norm(z: jax.Array) -> jax.Array:
-    """Mean L2 norm of the rows of ``z`` before normalisation (000 P7, P10 watch it grow)."""
+    """Mean L2 norm of the rows of ``z`` before normalisation (docs/derivations.md §12.3, §12.4
+    watch it grow)."""
     return jnp.mean(jnp.linalg.norm(jax.lax.stop_gradient(z).astype(jnp.float32), axis=-1))

@@ -1,8 +1,9 @@
 """Data augmentations in JAX: jit-able, one key per example, for 1-D signals and images.
 
 ``augment(batch, key, config)`` applies a random augmentation to every example and
-``two_views(batch, key, config)`` gives SimCLR's positive pair (004 step 2); ``default_config``
-returns the strengths, one float per op, 0 meaning off (the identity). The per-example ops, each
+``two_views(batch, key, config)`` gives SimCLR's positive pair ([SimCLR] §2.1; docs/derivations.md
+§9.1 step 1); ``default_config`` returns the strengths, one float per op, 0 meaning off (the
+identity). The per-example ops, each
 ``(x, key, strength) -> y``, live in :mod:`contrastive_jax.training.augmentations.signal` (``(L,
 C)``
 signals) and :mod:`contrastive_jax.training.augmentations.image` (``(H, W, C)`` images in ``[0,

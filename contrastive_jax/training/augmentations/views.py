@@ -147,14 +147,15 @@ def augment(batch: Array, key: Array, config: ConfigLike) -> Array:
 
 
 def two_views(batch: Array, key: Array, config: ConfigLike) -> tuple[Array, Array]:
-    """SimCLR's positive pair: two independent augmentations of every example (004 step 2).
+    """SimCLR's positive pair: two independent augmentations of every example ([SimCLR] §2.1;
+    docs/derivations.md §9.1 step 1).
 
     ``key`` is split once into ``(k1, k2)``; ``view1 = augment(batch, k1)`` and
     ``view2 = augment(batch, k2)``, so ``t`` and ``t'`` are drawn independently for each example
-    (004_d8540bfe274da9e1.txt, step 2: "draw two independent random augmentations t, t' from an
-    augmentation family T"), and row ``b`` of ``view1`` and of ``view2`` form a positive pair,
-    the layout :func:`contrastive_jax.losses.nt_xent` expects for ``(z1, z2)``. Both views come
-    from one vmapped pipeline over ``2B`` examples, so ``jit`` compiles the pipeline once.
+    ([SimCLR] §2.1: two augmentation operators t, t' drawn independently from one family T;
+    docs/derivations.md §9.1 step 1), and row ``b`` of ``view1`` and of ``view2`` form a positive
+    pair, the layout :func:`contrastive_jax.losses.nt_xent` expects for ``(z1, z2)``. Both views
+    come from one vmapped pipeline over ``2B`` examples, so ``jit`` compiles the pipeline once.
 
     Args and shapes as :func:`augment`. Returns ``(view1, view2)``, each of the batch's shape
     and dtype.

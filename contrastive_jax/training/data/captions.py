@@ -7,8 +7,9 @@ the prompts of zero-shot classification (:func:`class_prompts`).
 **False negatives.** There are ``len(templates) * 10`` distinct captions, so a batch of more
 than a few dozen pairs holds the same caption several times. InfoNCE treats every other
 caption in the batch as a negative, so identical captions are *false negatives*: their pairs
-are pushed apart although their texts are the same (002 A.12.4: the negatives are then no
-longer samples of the marginal and the bound's reading changes). Every example carries its
+are pushed apart although their texts are the same (docs/derivations.md §5.4, §15.3: the negatives
+are then no longer samples of the marginal and the bound's reading changes). Every example carries
+its
 ``caption_id`` (equal ids <=> identical caption text) so a multi-positive loss or a
 de-duplicating sampler can use it.
 

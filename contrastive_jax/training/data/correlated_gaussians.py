@@ -6,7 +6,7 @@ coordinate pair is bivariate normal with correlation rho and
     I(X; Y) = -(d / 2) log(1 - rho^2)   nats
 
 (the sum of d independent pairs, each -1/2 log(1 - rho^2)). This is the setup of Poole et al.
-2019 used to test the bound I(X; Y) >= log N - L_N of 002 A.12.5 / A.12.10.
+2019 used to test the bound I(X; Y) >= log N - L_N of docs/derivations.md §15.1.
 
 Two forms, same distribution: :func:`sample` (jit-able, one key, for experiment loops) and
 :class:`CorrelatedGaussians` (a random-access source, example ``i`` from its own seed, so the
@@ -57,8 +57,9 @@ def log_density_ratio(x: jax.Array, y: jax.Array, rho: float) -> jax.Array:
 
         S_ij = -(dim / 2) log s - |y_j - rho x_i|^2 / (2 s) + |y_j|^2 / 2.
 
-    InfoNCE with these scores is the best the bound of 002 A.12.5 can do at this N (the Bayes
-    classifier of the positive's index, A.12.13); its expectation ``E[log N - L]`` lies below
+    InfoNCE with these scores is the best the bound of docs/derivations.md §15 can do at this N (the
+    Bayes classifier of the positive's index, §15.2, §15.4); its expectation ``E[log N - L]`` lies
+    below
     ``min(I(X; Y), log N)``. Terms that depend on ``x_i`` alone cancel in the row softmax.
     ``rho`` may be traced (one compilation for every rho); a Python number is checked.
     """

@@ -12,8 +12,8 @@ with a fixed seed per split and filled with the class name, e.g. "a plot of the 
 Features: the sample, ``label``, ``index`` (as in the unpaired set), ``caption``
 (``MAX_TOKENS``,) int32 tokens, ``template`` (which template), ``caption_id``
 (``template * 10 + label``: equal ids <=> identical caption text). Identical captions in one
-batch are false negatives for InfoNCE (002 A.12.4); ``caption_id`` lets a multi-positive loss
-treat them as positives.
+batch are false negatives for InfoNCE (docs/derivations.md §5.4); ``caption_id`` lets a
+multi-positive loss treat them as positives.
 """
 
 from __future__ import annotations

@@ -55,6 +55,14 @@ class LossSettings:
     normalize: bool = True
 
     def __post_init__(self):
+        for field, kind in (("temperature", float), ("max_scale", float), ("block_size", int),
+                            ("normalize", bool), ("name", str), ("impl", str),
+                            ("strategy", str), ("direction", str)):
+            value = getattr(self, field)
+            ok = isinstance(value, kind) or (kind is float and isinstance(value, int)
+                                             and not isinstance(value, bool))
+            if not ok or (kind is int and isinstance(value, bool)):
+                raise ConfigError(f"loss.{field} must be a {kind.__name__}; got {value!r}")
         if self.name not in LOSSES:
             raise ConfigError(f"unknown loss {self.name!r}; valid: {list(LOSSES)}")
         if self.impl not in IMPLS:

@@ -1,9 +1,9 @@
 """Critics ``f(x, y)`` for InfoNCE mutual-information estimation (Poole et al. 2019).
 
 Both critics map ``x`` (N, dx) and ``y`` (M, dy) to the (N, M) score matrix ``S_ij = f(x_i,
-y_j)``, the logits of the N-way InfoNCE classification of 002 A.12.5 (A.12.9 with the positive
-critic ``exp S_ij``): ``info_nce(S, arange(N))`` is ``L_N`` and ``log N - L_N`` the bound
-(A.12.10).
+y_j)``, the logits of the N-way InfoNCE classification of docs/derivations.md §15.1 (``L_N`` with
+the positive critic ``exp S_ij``): ``info_nce(S, arange(N))`` is ``L_N`` and ``log N - L_N`` the
+bound (§15.1).
 
 * :class:`SeparableCritic`: ``S = g(x) h(y)^T`` with two MLPs (one matmul for all N x M pairs).
 * :class:`ConcatCritic`: one MLP on the concatenation ``[x_i, y_j]``, evaluated on every pair:

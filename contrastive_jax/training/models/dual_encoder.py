@@ -1,4 +1,5 @@
-"""CLIP's dual encoder: a sample tower and a text tower into one embedding space (001)."""
+"""CLIP's dual encoder: a sample tower and a text tower into one embedding space ([CLIP];
+docs/derivations.md §8)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class DualEncoder(nnx.Module):
 
     ``log_scale`` is a learnable parameter initialised to ``log(1 / init_temperature)``
     (CLIP: ``init_temperature = 0.07``); the loss uses ``min(exp(log_scale), 100)`` and the
-    trainer clamps the parameter at ``log 100`` after each update (000 P8). With
+    trainer clamps the parameter at ``log 100`` after each update (docs/derivations.md §7.6). With
     ``siglip=True`` there is also a learnable ``bias`` (SigLIP: init ``log_scale = log 10``,
     ``bias = -10``, Zhai et al. 2023).
     """

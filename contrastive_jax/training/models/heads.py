@@ -1,4 +1,5 @@
-"""MLP projection heads (SimCLR's g, 004: used for the loss, discarded for evaluation)."""
+"""MLP projection heads (SimCLR's g, [SimCLR] §4.2, docs/derivations.md §9.1 step 2: used for the
+loss, discarded for evaluation)."""
 
 from __future__ import annotations
 

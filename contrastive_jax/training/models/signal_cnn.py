@@ -20,7 +20,7 @@ class SignalCNN(nnx.Module):
     generator translates each digit circularly, so absolute position is a nuisance);
     ``"flatten"`` keeps them. BatchNorm statistics are
     over the whole global batch when the step runs under ``jit`` on a mesh (SimCLR's global
-    BN, 004).
+    BN, [SimCLR] §2.2; docs/derivations.md §9.6).
     """
 
     def __init__(self, *, length: int, in_channels: int = 1,

@@ -1,4 +1,5 @@
-"""SimCLR's model: a shared encoder f and a projection head g (004)."""
+"""SimCLR's model: a shared encoder f and a projection head g ([SimCLR] §2.1; docs/derivations.md
+§9.1)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from contrastive_jax.errors import ConfigError
 class SimCLR(nnx.Module):
     """``h = f(x)`` (the representation kept for evaluation), ``z = g(h)`` (fed to the loss).
 
-    004: "at the end, discard the projection head and keep f as the pretrained backbone".
-    With ``learn_temperature`` the module also holds ``log_scale = log(1 / tau)``, a
-    parameter trained with the rest (the temperature ablation); otherwise tau is fixed by the
-    loss config.
-    MoCo's query encoder is the same module; its key encoder is a copy of the parameters kept
-    in the train state (:mod:`contrastive_jax.training.methods.moco`).
+    [SimCLR] §4.2 (docs/derivations.md §9.1 step 2): the projection head is discarded after
+    pre-training and f is kept as the backbone. With ``learn_temperature`` the module also holds
+    ``log_scale = log(1 / tau)``, a parameter trained with the rest (the temperature ablation);
+    otherwise tau is fixed by the loss config. MoCo's query encoder is the same module; its key
+    encoder is a copy of the parameters kept in the train state
+    (:mod:`contrastive_jax.training.methods.moco`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
@@ -28,7 +29,8 @@ class SimCLR(nnx.Module):
         if init_temperature <= 0:
             raise ConfigError(f"init_temperature must be > 0; got {init_temperature}")
         self.encoder, self.head = encoder, head
-        # optional learnable log-scale s = 1 / tau (clipped at 100 by the objective, 000 P8)
+        # optional learnable log-scale s = 1 / tau (clipped at 100 by the objective,
+        # docs/derivations.md §7.6)
         self.log_scale = nnx.Param(jnp.asarray(-math.log(init_temperature), jnp.float32)
                                    ) if learn_temperature else None
 
