@@ -9,6 +9,6 @@ from contrastive_jax.losses import (
     nt_xent,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["clip_loss", "info_nce", "l2_normalize", "mi_lower_bound", "moco_infonce", "nt_xent"]

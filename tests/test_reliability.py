@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import grain
 import numpy as np
 import pytest
 
+from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
 from contrastive_jax.training.checkpoints import CheckpointError
 from contrastive_jax.training.methods import method_for
@@ -120,6 +122,27 @@ def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_pat
             shutil.rmtree(step / "state")
     with pytest.raises(CheckpointError, match=r"none of the checkpoints.*can be restored"):
         train.train_and_evaluate(quick(total_steps=6), str(tmp_path))
+
+
+def test_checkpoints_of_another_state_layout_are_a_clear_error(tmp_path):
+    """A workdir written by an older version (the train state as a plain dict, MoCo's state at
+    the top level) is declared incompatible, naming what differs."""
+    import orbax.checkpoint as ocp
+
+    from contrastive_jax.training import checkpoints
+    from contrastive_jax.training.data import train_iterator
+
+    config = quick(total_steps=3)
+    old = {"step": np.int32(3), "params": {"w": np.ones(3, np.float32)},
+           "queue": np.zeros((4, 2), np.float32)}
+    manager = checkpoints.manager(tmp_path / "w", every=1, keep=1)
+    stream = train_iterator(config.data, make_mesh())
+    manager.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(old),
+                                            data=grain.checkpoint.CheckpointSave(stream)))
+    manager.wait_until_finished()
+    manager.close()
+    with pytest.raises(CheckpointError, match=r"another train-state layout.*'queue'"):
+        train.train_and_evaluate(config, str(tmp_path / "w"))
 
 
 def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):

@@ -68,14 +68,35 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
 
 
+def _paths(tree) -> set[str]:
+    """The leaf paths of a pytree as ``a/b/c`` strings (dict keys and dataclass fields alike)."""
+    def name(entry):
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                return str(getattr(entry, attr))
+        return str(entry)
+
+    leaves = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: hasattr(x, "shape") and not isinstance(x, dict))[0]
+    return {"/".join(name(e) for e in path) for path, _ in leaves}
+
+
 def _explain(mgr, steps, state_template, failures) -> str:
     want = sorted(tuple(leaf.shape) for leaf in jax.tree.leaves(state_template))
     try:
         meta = mgr.item_metadata(steps[0])["state"]
         tree = getattr(meta, "tree", meta)
         have = sorted(tuple(m.shape) for m in jax.tree.leaves(tree) if hasattr(m, "shape"))
+        layout = _paths(tree) ^ _paths(state_template)
     except Exception:
-        have = None
+        have, layout = None, set()
+    top_level = {p.split("/")[0] for p in layout}
+    if have is not None and top_level - {"params", "rest", "opt_state", "extra"}:
+        return (f"the checkpoints in {mgr.directory} (steps {steps}) were written with another "
+                f"train-state layout (entries {sorted(top_level)[:6]} differ): an older "
+                f"contrastive_jax (0.2.0 keeps the train state as a TrainState with the method's "
+                "state under 'extra') or another method. Resume them with the version and "
+                "config that wrote them, or use a new --workdir.")
     if have is not None and have != want:
         extra = sorted(set(have) - set(want))[:3]
         missing = sorted(set(want) - set(have))[:3]
