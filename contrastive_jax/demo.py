@@ -30,6 +30,7 @@ def correlated_pairs(key: jax.Array, n: int, d: int, rho: float) -> tuple[jax.Ar
 
 
 def show_losses(n: int, d: int, rho: float) -> None:
+    """Print every loss and its mutual-information bound on correlated pairs of ``n`` rows."""
     x, y = correlated_pairs(jax.random.key(0), n, d, rho=rho)
     log_scale = jnp.log(1 / 0.07)  # CLIP's initial temperature
     print(f"Synthetic pairs: N = {n}, d = {d}, rho = {rho} "
@@ -65,6 +66,7 @@ def show_losses(n: int, d: int, rho: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m contrastive_jax.demo``: the losses, then the gradient-check table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=8)

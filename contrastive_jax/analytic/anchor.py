@@ -22,7 +22,7 @@ def _unit(x: Array) -> Array:
 
 
 def cosine_similarities(u: Array, candidates: Array) -> Array:
-    """``c_j = u_hat . v_hat_j``: (d,), (K, d) -> (K,)."""
+    """``c_j = u_hat . v_hat_j``: (d,), (K, d) -> (K,) (docs/derivations.md §1.1, §3)."""
     return jnp.matmul(_unit(candidates), _unit(u), precision=MATMUL_PRECISION)
 
 

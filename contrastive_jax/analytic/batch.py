@@ -22,7 +22,7 @@ def _matmul(a: Array, b: Array) -> Array:
 
 
 def softmax_minus_onehot(logits: Array, onehot: Array, axis: int = -1) -> Array:
-    """``softmax(logits) - Y`` along ``axis``, with ``Y`` a boolean one-hot of the positives.
+    """``softmax(logits) - Y`` along ``axis``, ``Y`` a boolean one-hot of the positives (§4.2).
 
     The positive entry ``p_pos - 1`` is formed as ``-(sum of the other p_j)``, which is the same
     number but keeps full relative precision when the positive dominates (``p_pos = 1 - 1e-5``

@@ -11,6 +11,7 @@ from contrastive_jax.losses.moco import moco_infonce
 from contrastive_jax.losses.mutual_information import mi_lower_bound
 from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
 from contrastive_jax.losses.nt_xent import nt_xent
+from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE
 
@@ -25,4 +26,5 @@ __all__ = [
     "mi_lower_bound",
     "moco_infonce",
     "nt_xent",
+    "siglip_loss",
 ]

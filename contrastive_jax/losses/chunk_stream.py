@@ -122,6 +122,7 @@ class ChunkPlan(NamedTuple):
 
 
 def make_chunk_plan(n: int, block_size: int, kind: str) -> ChunkPlan:
+    """Blocks of ``min(block_size, n)`` rows covering a chunk of ``n`` rows."""
     block = min(block_size, n)
     return ChunkPlan(n, block, -(-n // block), kind)
 
@@ -190,6 +191,7 @@ def chunk_normalisers(
 
 
 def empty_stats(n: int, dtype) -> tuple[Normaliser, Array]:
+    """Statistics of ``n`` anchors before any chunk: empty normalisers, zero positive cosines."""
     return (Normaliser(jnp.full((n,), -jnp.inf, dtype), jnp.zeros((n,), dtype)),
             jnp.zeros((n,), dtype))
 

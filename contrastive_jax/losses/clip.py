@@ -59,7 +59,8 @@ def clip_loss(
         default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
         (``experiments/results/loss_bench.md``) and the only one whose memory is O(N d).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, measured;
-        clamped to N, the last block padded and masked). An error for the other impls.
+        clamped to N; when it does not divide N the last block overlaps the one before). An
+        error for the other impls.
 
     Returns:
       Scalar loss in float32 (float64 for float64 inputs).
@@ -77,6 +78,17 @@ def clip_loss(
     active (``log_scale >= log(max_scale)``) the gradient w.r.t. ``log_scale`` is exactly 0: the
     scale is the constant ``max_scale`` there, and the temperature stops learning until an
     optimiser step (or a clamp of the parameter, as open_clip does) brings it below the cap.
+
+    References:
+      docs/derivations.md §8 (the loss, Gamma, the two-matmul backward), §7.6 (the clip),
+      §13 (the tiled passes); [CLIP] Radford et al. 2021, https://arxiv.org/abs/2103.00020.
+
+    Example (orthonormal pairs at scale 10: each row and column loses ``log(1 + 3 e^-10)``):
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses import clip_loss
+      >>> print(f"{float(clip_loss(jnp.eye(4), jnp.eye(4), jnp.log(10.0))):.3e}")
+      1.362e-04
     """
     check_pair("x", x, "y", y)
     check_has_negatives("x", jnp.shape(x)[0])

@@ -13,7 +13,7 @@ Array = jax.Array
 
 
 def masked_logsumexp(logits: Array, mask: Array, axis: int = -1) -> Array:
-    """``log sum_{j in mask} exp(logits_j)`` along ``axis``, max-shifted.
+    """``log sum_{j in mask} exp(logits_j)`` along ``axis``, max-shifted (derivations.md §6.1).
 
     An empty mask gives ``-inf`` with a zero (not NaN) gradient; ``-inf`` logits are allowed and
     contribute nothing. The shift is under ``stop_gradient``: the result does not depend on it,
@@ -65,6 +65,17 @@ def info_nce(logits: Array, positives: Array) -> Array:
     A row whose mask has no positive (or whose integer index is out of range under ``jit``) has
     loss ``+inf``: the positive has probability zero. Concrete out-of-range indices and empty
     concrete masks raise ``ValueError`` instead.
+
+    References:
+      docs/derivations.md §4 (one positive, ``p - y``), §5 (several positives), §6 (the stable
+      row form); [CPC] van den Oord et al. 2018, https://arxiv.org/abs/1807.03748.
+
+    Example:
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses import info_nce
+      >>> print(f"{float(info_nce(jnp.array([[2.0, 0.0, 0.0]]), jnp.array([0]))):.6f}")
+      0.239545
     """
     shape = jnp.shape(logits)
     if len(shape) != 2:

@@ -40,6 +40,17 @@ def moco_infonce(q: Array, k: Array, queue: Array, temperature: Array | float) -
     is idempotent for stored unit keys. Negatives from a queue come from older encoders, so
     ``log(K + 1) - L`` is not the mutual-information bound of docs/derivations.md §15 (see §5.4,
     §15.4).
+
+    References:
+      docs/derivations.md §10; [MoCo] He et al. 2019, https://arxiv.org/abs/1911.05722.
+
+    Example (two queries with their own keys and two orthogonal queue entries, tau 0.5):
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses import moco_infonce
+      >>> q = jnp.eye(2, 4)
+      >>> print(f"{float(moco_infonce(q, q, jnp.eye(4)[2:], 0.5)):.6f}")
+      0.239545
     """
     check_pair("q", q, "k", k)
     check_embeddings("queue", queue)

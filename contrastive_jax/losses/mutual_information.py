@@ -27,6 +27,16 @@ def mi_lower_bound(loss: Array | float, num_candidates: int) -> Array:
     bound and may exceed the true MI; (3) it holds only when the negatives are drawn independently
     from the marginal ``p_Y``; with false negatives, queues of stale keys, stratified batches or
     correlated augmented views (§5.4) it is not a bound and must be re-derived.
+
+    References:
+      docs/derivations.md §15; [CPC] https://arxiv.org/abs/1807.03748; [Poole] Poole et al.
+      2019, https://arxiv.org/abs/1905.06922.
+
+    Example:
+
+      >>> from contrastive_jax.losses import mi_lower_bound
+      >>> print(f"{float(mi_lower_bound(1.0, 64)):.4f}")
+      3.1589
     """
     if isinstance(num_candidates, bool) or not isinstance(num_candidates, numbers.Integral):
         raise InputError(f"num_candidates must be an integer; got {num_candidates!r}.")

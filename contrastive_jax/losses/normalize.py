@@ -30,6 +30,16 @@ def l2_normalize(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
     unlike the smoothed ``x / sqrt(||x||^2 + eps^2)`` form there is no O(eps^2 / ||x||^2) bias,
     which is why the analytic gradients in :mod:`contrastive_jax.analytic` match autodiff to
     float64 round-off.
+
+    References:
+      docs/derivations.md §2 (the clamped map and its Jacobian).
+
+    Example (a zero row stays zero):
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses import l2_normalize
+      >>> l2_normalize(jnp.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
+      [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
     """
     dtype = jnp.result_type(x)
     xc = jnp.asarray(x, compute_dtype(x))

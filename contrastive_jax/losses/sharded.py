@@ -71,6 +71,8 @@ from contrastive_jax.mesh import DATA_AXIS, check_divisible
 
 Array = jax.Array
 STRATEGIES = ("all_gather", "all_gather_no_grad", "ring")
+__all__ = ["STRATEGIES", "clip_loss_shard", "nt_xent_shard", "sharded_clip_loss",
+           "sharded_nt_xent"]
 
 
 # ------------------------------------------------------------------- per-shard losses
@@ -167,6 +169,20 @@ def sharded_clip_loss(
 
     Equal to ``clip_loss(x, y, log_scale, max_scale=..., direction=...)`` for the exact
     strategies, in value and in every gradient. ``N`` must divide by the axis size.
+
+    References:
+      docs/derivations.md §14 (the sharded objective), §8 (CLIP); docs/sharding.md.
+
+    Example (every device on the ``data`` axis; any device count that divides the 8 rows gives
+    the same number):
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses.sharded import sharded_clip_loss
+      >>> from contrastive_jax.mesh import make_mesh
+      >>> x = jnp.eye(8)
+      >>> loss = sharded_clip_loss(x, x, jnp.log(10.0), mesh=make_mesh(), strategy="ring")
+      >>> print(f"{float(loss):.3e}")
+      3.177e-04
     """
     check_pair("x", x, "y", y)
     check_has_negatives("x", jnp.shape(x)[0])
@@ -188,7 +204,21 @@ def sharded_nt_xent(
     axis: str = DATA_AXIS,
     block_size: int | None = None,
 ) -> Array:
-    """:func:`nt_xent_shard` over ``mesh``; equal to ``nt_xent(z1, z2, temperature)``."""
+    """:func:`nt_xent_shard` over ``mesh``; equal to ``nt_xent(z1, z2, temperature)``.
+
+    References:
+      docs/derivations.md §14 (the sharded objective), §9 (NT-Xent); docs/sharding.md.
+
+    Example:
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses.sharded import sharded_nt_xent
+      >>> from contrastive_jax.mesh import make_mesh
+      >>> x = jnp.eye(8)
+      >>> loss = sharded_nt_xent(x, x, 0.1, mesh=make_mesh(), strategy="ring")
+      >>> print(f"{float(loss):.3e}")
+      6.354e-04
+    """
     check_pair("z1", z1, "z2", z2)
     check_has_negatives("z1", jnp.shape(z1)[0])
     check_positive("temperature", temperature)

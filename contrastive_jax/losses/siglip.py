@@ -41,6 +41,17 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
 
     Dense: builds the (N, N) logits. Under ``jit`` on a mesh with ``x``, ``y`` sharded over the
     batch, XLA partitions the pairs by rows; the per-pair form needs no cross-device softmax.
+
+    References:
+      docs/derivations.md §11; [SigLIP] Zhai et al. 2023, https://arxiv.org/abs/2303.15343.
+
+    Example (orthonormal pairs, scale 10, bias -5: each row pays ``softplus(-5)`` for its
+    positive and ``3 softplus(-5)`` for its negatives):
+
+      >>> import jax.numpy as jnp
+      >>> from contrastive_jax.losses import siglip_loss
+      >>> print(f"{float(siglip_loss(jnp.eye(4), jnp.eye(4), jnp.log(10.0), -5.0)):.5f}")
+      0.02686
     """
     check_pair("x", x, "y", y)
     check_has_negatives("x", jnp.shape(x)[0])

@@ -119,6 +119,7 @@ def _lock(path: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m contrastive_jax.training.data.prepare [NAME ...] [--data_dir=DIR]``."""
     parser = argparse.ArgumentParser(
         prog="python -m contrastive_jax.training.data.prepare",
         description="Prepare this package's datasets (offline) into a TFDS data dir.")
