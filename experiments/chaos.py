@@ -8,8 +8,8 @@ fresh workdir, killing the process with SIGKILL (no chance to save) at a random 
 each (re)start and restarting the same command until it finishes. Reports the runs, kills,
 resumes, the steps lost per kill (the step it was killed at minus the checkpoint it resumed
 from) and whether the final parameters hash (``params_sha256`` in results.json: parameters and
-BatchNorm statistics) equals the uninterrupted run's. Writes
-``experiments/results/chaos.md``.
+BatchNorm statistics) equals the uninterrupted run's. Writes ``experiments/results/chaos.md``
+(no ``.csv`` or plot: one row). Exits 1 if the hashes differ.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "experiments" / "results"
+from common import reporting
+from common.reporting import RESULTS, ROOT, markdown_table
 
 
 def command(config: str, workdir: pathlib.Path, steps: int, every: int) -> list[str]:
+    """The trainer's command line for the job (evaluation off, logging every step)."""
     return [sys.executable, "-m", "contrastive_jax.main", f"--config={config}",
             f"--workdir={workdir}", f"--config.total_steps={steps}",
             f"--config.checkpoint_every={every}", "--config.log_every=1",
@@ -106,16 +107,20 @@ def main(argv: list[str] | None = None) -> int:
                    for d in ("whole", "chaos")]
     same = digests[0] == digests[1]
     lost = stats["lost"]
-    lines = [f"# Chaos: {config}, {steps} steps, checkpoint every {every}, SIGKILL", "",
-             "| runs | kills | resumes | steps lost per kill | mean lost | final hash equal |",
-             "| --- | --- | --- | --- | --- | --- |",
-             f"| {stats['runs']} | {stats['kills']} | {stats['resumes']} | {lost} | "
-             f"{sum(lost) / max(len(lost), 1):.1f} | {'yes' if same else 'NO'} |", "",
-             f"uninterrupted {digests[0][:16]}..., chaos {digests[1][:16]}...", ""]
+    table = markdown_table(
+        ["runs", "kills", "resumes", "steps lost per kill", "mean lost", "final hash equal",
+         "uninterrupted hash", "chaos hash"],
+        [[stats["runs"], stats["kills"], stats["resumes"], lost,
+          f"{sum(lost) / max(len(lost), 1):.1f}", "yes" if same else "NO",
+          f"{digests[0][:16]}...", f"{digests[1][:16]}..."]])
+    produced = (f"{reporting.command(__file__, argv)}: `{config}`, {steps} steps, checkpoint every "
+                f"{every}, {kills} kills by SIGKILL at random steps, seed {args.seed}.")
+    text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}, SIGKILL\n\n"
+            f"{produced}\n\n{table}\n")
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines))
-    print("\n".join(lines))
+    out.write_text(text)
+    print(text)
     return 0 if same else 1
 
 

@@ -2,15 +2,16 @@
 
     python experiments/gradcheck.py [--quick] [--out experiments/results/gradcheck]
 
-Prints the table and writes ``gradcheck.md`` (the table), ``gradcheck.csv`` (one row per check)
-and ``gradcheck.png`` (the errors as a log-scale bar chart) through
-:func:`common.reporting.report`. Each row is the worst normwise relative error
-``||formula - autodiff||_2 / ||autodiff||_2`` over the shapes and seeds listed in the header.
+Runs :func:`contrastive_jax.analytic.gradcheck.run_gradcheck` (each closed form of
+docs/derivations.md, named by its section, against ``jax.grad``) and writes ``gradcheck.md``
+(the table), ``gradcheck.csv`` (one row per check) and ``gradcheck.png`` (the errors as a
+log-scale bar chart) through :func:`common.reporting.report`. Each row is the worst normwise
+relative error ``||formula - autodiff||_2 / ||autodiff||_2`` over the shapes and seeds given in
+the ``.md``. Exits 1 if a float64 error reaches 1e-10.
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import platform
 import sys
@@ -20,10 +21,10 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from common.reporting import RESULTS, report
+from common import reporting
+from common.reporting import command, report
 from contrastive_jax.analytic import gradcheck
 
-DEFAULT_OUT = RESULTS / "gradcheck"
 FLOOR = 1e-30  # errors below this (exact zeros) are drawn at the floor of the log axis
 
 
@@ -52,34 +53,30 @@ def plot(rows: Sequence[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small shape, one seed")
-    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser = reporting.parser(__doc__, "gradcheck", quick="one small shape, one seed")
     args = parser.parse_args(argv)
     shapes = ((3, 2),) if args.quick else gradcheck.DEFAULT_SHAPES
     seeds = (0,) if args.quick else (0, 1)
     start = time.time()
 
     def progress(i, total, row):
-        print(f"[{i:2d}/{total}] {row['source']:<13} f32 {row['float32']:.1e} "
+        print(f"[{i:2d}/{total}] {row['source']:<20} f32 {row['float32']:.1e} "
               f"f64 {row['float64']:.1e}  {time.time() - start:5.1f} s  {row['formula']}",
               flush=True)
 
     rows = gradcheck.run_gradcheck(shapes=shapes, seeds=seeds, progress=progress)
-    worst = max(r["float64"] for r in rows)
-    body = (
-        "Every closed form of `000` Problems 1-10 and `002` A.12.6-A.12.8 (and the analytic\n"
-        "backward passes of `clip_loss` / `nt_xent`) against `jax.grad` of the library loss.\n"
-        "Error: worst `||formula - autodiff||_2 / ||autodiff||_2` over shapes (n, d) in\n"
-        f"{list(shapes)} and seeds {list(seeds)}; for P7.2 the residual `|u.g| / (|u||g|)`.\n"
-        f"jax {jax.__version__}, {platform.machine()}, {jax.devices()[0].platform}. "
-        f"Worst float64 error: {worst:.1e}.\n\n"
-    )
-    out = args.out.with_suffix("") if args.out.suffix in (".md", ".csv", ".png") else args.out
-    path = report(out, rows, title="Gradient check",
-                  body=body + gradcheck.markdown_table(rows), figure=plot(rows))
-    print(f"wrote {path} (and .csv, .png)")
-    return 0 if worst < 1e-10 else 1
+    produced = (
+        f"{command(__file__, argv)}: each closed form of docs/derivations.md (section in the "
+        "source column) and each analytic backward pass against `jax.grad` of the library "
+        "loss; error: the worst `||formula - autodiff||_2 / ||autodiff||_2` (for §12.1's "
+        f"identity the residual `|u.g| / (|u||g|)`) over shapes (n, d) in {list(shapes)} and "
+        f"seeds {list(seeds)}; jax {jax.__version__}, {platform.machine()}, "
+        f"{jax.devices()[0].platform}.")
+    out = pathlib.Path(args.out)
+    out = out.with_suffix("") if out.suffix in (".md", ".csv", ".png") else out
+    report(out, rows, title="Gradient check", produced=produced,
+           tables=[gradcheck.markdown_table(rows)], figure=plot(rows))
+    return 0 if max(r["float64"] for r in rows) < 1e-10 else 1
 
 
 if __name__ == "__main__":

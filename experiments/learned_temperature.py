@@ -1,57 +1,42 @@
-"""A learned logit scale with and without CLIP's clip at 100 (000 P8).
+"""A learned logit scale with and without CLIP's clip at 100 (docs/derivations.md §7.5-7.6).
 
     python experiments/learned_temperature.py [--quick] [--every 5]
         [--out experiments/results/learned_temperature]
 
 SimCLR on MNIST-1D with a learned temperature (``configs/simclr_mnist1d.py:learn_temperature``:
-the model holds ``t = log s``, ``s = 1 / tau``, initialised at ``log 5``). Each run is either
-
-* ``clip``: ``loss.max_scale = 100`` (the default): the loss uses ``min(e^t, 100)`` and the
-  trainer clamps ``t`` one float below ``log 100`` after each update, or
-* ``no_clip``: ``loss.max_scale = inf``: nothing bounds ``t``.
-
-000 P8: ``dl/dt = (sum_j p_j c_j - c_pos) / tau`` is negative whenever the positive beats the
-softmax-weighted average similarity, so a model that wins keeps sharpening; CLIP clips the
-scale at 100 (``tau >= 0.01``). The runs (:data:`RUNS`):
-
-* the main job's views at the config's own temperature rate (the main rate, 2e-3) and at a
-  raised ``optimizer.temperature_lr`` of 0.5: the positives lose often (in-batch top-1 ~0.4),
-  ``t`` settles where winners and losers balance, far below ``log 100``, and the clip never
-  binds (clipped and unclipped runs are the same run);
-* identical views (every augmentation off): every positive has cosine 1 and wins, ``dl/dt < 0``
-  at every step, and at the raised rate ``t`` outruns the network: the clip binds.
+the model holds ``t = log s``, ``s = 1 / tau``, initialised at ``log 5``), either ``clip``
+(``loss.max_scale = 100``, the default: the loss uses ``min(e^t, 100)`` and the trainer clamps
+``t`` one float below ``log 100`` after each update, [CLIP], [OpenCLIP]) or ``no_clip``
+(``max_scale = inf``). docs/derivations.md §7.5: ``dl/dt = (sum_j p_j c_j - c_pos) / tau`` is
+negative whenever the positive beats the softmax-weighted similarity. The runs (:data:`RUNS`):
+the main job's views at the config's temperature rate (the main rate) and at a raised
+``optimizer.temperature_lr`` of 0.5; and identical views (every augmentation off: every
+positive has cosine 1 and wins) at the raised rate.
 
 ``--quick`` runs only the identical-views pair, 8 steps of the quick variant, at
-``temperature_lr`` 1.5 (so that ``t`` passes ``log 100`` within those steps), without the final
-evaluation. The script records ``t`` after every ``--every``-th update with the loss and the
-contrastive top-1 of that step, and evaluates each frozen encoder at the end (linear probe,
-kNN).
+``temperature_lr`` 1.5, without the final evaluation. The script records ``t`` after every
+``--every``-th update with that step's loss and contrastive top-1, and evaluates each frozen
+encoder at the end (linear probe, kNN).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import pathlib
 import sys
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import jax
 import numpy as np
 
-from common import sweep
+from common import reporting, sweep
 from common.reporting import (
-    RESULTS,
     accuracies,
     accuracy_cells,
+    command,
     late_mean,
     load_config,
     markdown_table,
-    report,
 )
-from contrastive_jax.training.evaluation.frozen_model import evaluate
 
 CONFIG = "configs/simclr_mnist1d.py"
 CLIP = 100.0
@@ -94,44 +79,32 @@ def run_config(run: Run, quick: bool, seed: int):
 
 
 def no_augmentation(config) -> None:
-    """Every augmentation strength 0: the two views are identical, so each positive has cosine
-    1 and beats every negative, and by 000 P8 ``dl/dt < 0`` at every step."""
+    """Every augmentation strength 0: the two views are identical, each positive has cosine 1
+    and beats every negative, so ``dl/dt < 0`` at every step (docs/derivations.md §7.5)."""
     for op, strength in config.augment.items():
         if op != "kind" and strength:
             config.augment[op] = 0.0
 
 
-def log_scale(params) -> float:
-    """The learned ``t = log s`` (the model's ``log_scale`` parameter)."""
-    return float(np.asarray(params["log_scale"][...]))
+def train_run(config, every: int, final_eval: bool = True) -> tuple[list[dict], dict]:
+    """Train ``config``, recording ``t`` after every ``every``-th update: ``(rows, final
+    evaluation)``."""
+    def record(state, metrics, _):
+        t = float(np.asarray(state.params["log_scale"][...]))  # the model's learned t
+        return {"log_scale": t, "temperature": math.exp(-t), "loss": float(metrics["loss"]),
+                "top1": float(metrics["top1"]), "learning_rate": float(metrics["learning_rate"])}
 
-
-def train_run(config, every: int, final_eval: bool = True) -> tuple[float, list[dict], dict]:
-    """Train ``config``, recording ``t`` after every ``every``-th update (and the first and
-    last): ``(t before training, rows, final evaluation)`` (``{}`` without ``final_eval``)."""
-    started = sweep.start_run(config)
-    state, steps = started.state, started.steps
-    t0, rows = log_scale(state.params), []
-    for step in range(1, steps + 1):
-        state, metrics = started.step_fn(state, next(started.stream))
-        if step % every == 0 or step in (1, steps):
-            m = jax.device_get(metrics)
-            t = log_scale(state.params)
-            rows.append({"step": step, "log_scale": t, "temperature": math.exp(-t),
-                         "loss": float(m["loss"]), "top1": float(m["top1"]),
-                         "learning_rate": float(m["learning_rate"])})
-    return t0, rows, evaluate(started.graphdef, state, config, started.mesh) if final_eval else {}
+    return sweep.train_recording(config, every, record, final_eval=final_eval)
 
 
 def first_step_at_clip(rows: Sequence[dict]) -> int | None:
     """The first recorded step with ``t >= log 100`` (within float32 rounding), or None."""
-    hits = [r["step"] for r in rows if r["log_scale"] >= LOG_CLIP - 1e-6]
-    return hits[0] if hits else None
+    return next((r["step"] for r in rows if r["log_scale"] >= LOG_CLIP - 1e-6), None)
 
 
-def summary_table(runs: dict[Run, list[dict]], finals: dict[Run, dict],
-                  main_lr: float) -> str:
-    """One markdown row per run: t at the end and at most, when it reached log 100, accuracy."""
+def summary_table(runs: dict[Run, list[dict]], finals: dict[Run, dict], main_lr: float) -> str:
+    """Per run: t at the end and at most, when it reached log 100, late top-1 and loss, and
+    the accuracies."""
     header = ("run", "views", "temperature_lr", "max_scale", "t final (s = e^t)", "max t",
               "first step t ≥ log 100", "top-1, last 10%", "loss, last 10%", "linear probe",
               "kNN")
@@ -161,7 +134,8 @@ def plot(runs: dict[Run, list[dict]]):
         ax_t.plot(steps, [r["log_scale"] for r in rows], **style)
         ax_loss.plot(steps, [max(r["loss"], 1e-12) for r in rows], alpha=0.8, **style)
     ax_t.axhline(LOG_CLIP, color="k", ls=":", lw=1, label="log 100 (tau = 0.01)")
-    ax_t.set(xlabel="step", ylabel="t = log s = -log tau", title="learned log-scale (000 P8)")
+    ax_t.set(xlabel="step", ylabel="t = log s = -log tau",
+             title="learned log-scale (derivations §7.5)")
     ax_loss.set(xlabel="step", ylabel="NT-Xent loss (training batch)", yscale="log",
                 title="training loss")
     for ax in (ax_t, ax_loss):
@@ -173,43 +147,32 @@ def plot(runs: dict[Run, list[dict]]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="quick config, 8 steps, no final evaluation (tests)")
+    parser = reporting.parser(__doc__, "learned_temperature",
+                              quick="quick config, 8 steps, no final evaluation (tests)")
     parser.add_argument("--every", type=int, default=5, help="record every N steps")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "learned_temperature")
     args = parser.parse_args(argv)
     every = 1 if args.quick else args.every
-    start = time.perf_counter()
     runs, finals, csv_rows = {}, {}, []
     for run in QUICK_RUNS if args.quick else RUNS:
         config = run_config(run, args.quick, args.seed)
-        t0, runs[run], finals[run] = train_run(config, every, final_eval=not args.quick)
+        runs[run], finals[run] = train_run(config, every, final_eval=not args.quick)
         print(f"{run.name}: t {runs[run][-1]['log_scale']:.3f}, probe / kNN "
-              f"{accuracy_cells(finals[run])} ({time.perf_counter() - start:.0f} s)", flush=True)
+              f"{accuracy_cells(finals[run])}", flush=True)
         csv_rows += [{"run": run.name, "views": run.views,
                       "temperature_lr": run.temperature_lr or config.optimizer.learning_rate,
-                      "max_scale": run.max_scale, **row,
-                      **accuracies(finals[run])}
+                      "max_scale": run.max_scale, **row, **accuracies(finals[run])}
                      for row in runs[run]]
     main_lr = config.optimizer.learning_rate
-    body = f"""
-`python experiments/learned_temperature.py{' --quick' if args.quick else ''}`: `{CONFIG}` with
-`learn_temperature` (seed {args.seed}{', quick variant, 8 steps' if args.quick else ''}; t starts
-at log(1/0.2) = {t0:.3f}; log 100 = {LOG_CLIP:.3f}), AdamW at lr {main_lr:g} for the network and
-Adam at `optimizer.temperature_lr` for t (the config's default is the main rate; **raised** in
-the other runs so that t could reach log 100 within the run), recorded every {every} steps;
-{time.perf_counter() - start:.0f} s in all. `clip`: loss.max_scale = 100 and the trainer's clamp of
-t one float below log 100; `no_clip`: max_scale = inf. Views `default`: the main job's
-augmentations; `identical`: every augmentation off, so each positive is the anchor's own
-embedding (cosine 1). Top-1 and loss are the training batch's (the trainer's metrics); the probe
-and kNN are on the frozen encoder.
-
-{summary_table(runs, finals, main_lr)}
-"""
-    report(args.out, csv_rows, title="Learned temperature with and without the clip (000 P8)",
-           body=body, figure=plot(runs))
+    produced = (
+        f"{command(__file__, argv)}: `{CONFIG}:learn_temperature`"
+        + (" (quick variant)" if args.quick else "") + f", seed {args.seed}, "
+        f"{runs[run][-1]['step']} steps; t starts at log(1 / {config.model.init_temperature:g})"
+        f" = {math.log(1 / config.model.init_temperature):.3f}, log 100 = {LOG_CLIP:.3f}; "
+        f"network AdamW lr {main_lr:g}, t Adam at temperature_lr; recorded every {every} steps.")
+    reporting.report(args.out, csv_rows, title="Learned temperature with and without the clip "
+                     "(derivations §7.5-7.6)", produced=produced,
+                     tables=[summary_table(runs, finals, main_lr)], figure=plot(runs))
     return 0
 
 

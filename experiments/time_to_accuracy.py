@@ -5,19 +5,20 @@
 
 Runs the trainer with an evaluation every ``--every`` steps (evaluation time is not counted as
 training time) for each seed and writes ``experiments/results/time_to_accuracy.{csv,md,png}``:
-per evaluation the step, training seconds (after compilation), linear probe and kNN; and per
-seed the final accuracies, the training time and the first training time at which the probe
-reached ``--target``; and a plot of both accuracies against training seconds (``.png``).
+per evaluation the step, training seconds (after compilation), linear probe and kNN (``.csv``);
+per seed the final accuracies, the training time and the first training time at which the probe
+reached ``--target``, and their mean ± std (``.md``); both accuracies against training seconds
+(``.png``).
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 
 import matplotlib.pyplot as plt
 
-from common.reporting import RESULTS, load_config, markdown_table, mean_std, report
+from common import reporting
+from common.reporting import command, load_config, markdown_table, mean_std, report
 
 
 def plot(rows: list[dict], target: float) -> plt.Figure:
@@ -38,13 +39,10 @@ def plot(rows: list[dict], target: float) -> plt.Figure:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/simclr_mnist1d.py")
+    parser = reporting.parser(__doc__, "time_to_accuracy", quick="tiny run (for the tests)",
+                              config="configs/simclr_mnist1d.py", seeds=(0, 1, 2))
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--target", type=float, default=0.82)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--quick", action="store_true", help="tiny run (for the tests)")
-    parser.add_argument("--out", default=str(RESULTS / "time_to_accuracy"))
     args = parser.parse_args(argv)
     from contrastive_jax.training.train import train_and_evaluate
 
@@ -61,23 +59,21 @@ def main(argv: list[str] | None = None) -> int:
         reached = [ev["train_s"] for ev in result["evaluations"]
                    if ev["linear_probe"] >= args.target]
         summary.append({"seed": seed, "steps": result["steps"],
-                        "train_s": result["train_time_s"], "wall_s": result["wall_time_s"],
                         "linear_probe": result["linear_probe"], "knn": result["knn"],
-                        "to_target_s": reached[0] if reached else None})
+                        "train_s": result["train_time_s"], "wall_s": result["wall_time_s"],
+                        "to_target_s": f"{reached[0]:.1f}" if reached else "not reached"})
     table = markdown_table(
         ["seed", "steps", "linear probe", "kNN", "train s", "wall s (incl. evals)",
          f"train s to probe >= {args.target:.2f}"],
         [[s["seed"], s["steps"], f"{s['linear_probe']:.4f}", f"{s['knn']:.4f}",
-          f"{s['train_s']:.1f}", f"{s['wall_s']:.1f}",
-          f"{s['to_target_s']:.1f}" if s["to_target_s"] is not None else "not reached"]
-         for s in summary])
-    probe = mean_std(s["linear_probe"] for s in summary)
-    knn = mean_std(s["knn"] for s in summary)
-    body = (f"{table}\n\nLinear probe {probe[0]:.4f} ± {probe[1]:.4f}, kNN {knn[0]:.4f} ± "
-            f"{knn[1]:.4f} over {len(summary)} seeds (mean ± std).\n"
-            "Training seconds exclude compilation (the first step) and the evaluations.")
+          f"{s['train_s']:.1f}", f"{s['wall_s']:.1f}", s["to_target_s"]] for s in summary]
+        + [["mean ± std", "", *("{:.4f} ± {:.4f}".format(*mean_std(s[k] for s in summary))
+                                for k in ("linear_probe", "knn")), "", "", ""]])
+    produced = (f"{command(__file__, argv)}: `{args.config}`, seeds "
+                f"{', '.join(map(str, args.seeds))}, evaluation every {every} steps; training "
+                "seconds exclude compilation (the first step) and the evaluations.")
     report(args.out, rows, title=f"Time to accuracy: {args.config} (evaluation every {every} "
-           "steps)", body=body, figure=plot(rows, args.target))
+           "steps)", produced=produced, tables=[table], figure=plot(rows, args.target))
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common.reporting import load_config
+from common.reporting import load_config, read_report, summarise
 from contrastive_jax.training.methods import LossSettings
 from contrastive_jax.training.train import total_steps
 
@@ -82,31 +82,30 @@ def test_temperature_diverged_row_is_nan(temperature):
     assert row["status"] == "diverged" and math.isnan(row["knn"]) and row["skipped_steps"] == 3
 
 
-def test_table5_comparison_reads_the_shape(temperature):
-    def entry(normalize, tau, probe, top1):
-        s = temperature.Setting(normalize, tau)
-        return {"setting": s.label, "normalize": normalize, "learned": False,
-                "temperature": tau, "final_temperature": tau, "seeds": 3, "diverged": 0,
-                "linear_probe": probe, "linear_probe_std": 0.001, "knn": probe - 0.05,
-                "knn_std": 0.001, "contrastive_top1": top1, "contrastive_top1_std": 0.01,
-                "embedding_norm": 2.0}
+def test_temperature_logit_scale_and_table5_column(temperature):
+    def entry(normalize, tau, learned=False, final=None, norm=2.0):
+        s = temperature.Setting(normalize, tau, learned)
+        return {"setting": s.label, "normalize": normalize, "learned": learned,
+                "temperature": tau, "final_temperature": final or tau,
+                "final_temperature_std": 0.0, "seeds": 3, "diverged": 0,
+                "linear_probe": 0.9, "linear_probe_std": 0.01, "knn": 0.8, "knn_std": 0.01,
+                "contrastive_top1": 0.5, "contrastive_top1_std": 0.02, "embedding_norm": norm,
+                "embedding_norm_std": 0.1}
 
-    summary = [entry(True, 0.05, 0.90, 0.9), entry(True, 0.1, 0.95, 0.8),
-               entry(True, 1.0, 0.91, 0.5), entry(False, 10.0, 0.85, 0.95),
-               entry(False, 100.0, 0.84, 0.96)]
-    text = " ".join(temperature.table5_comparison(summary))
-    assert "peaks at tau = 0.1" in text and "a moderate tau" in text
-    assert "holds here." in text and "falls at every step of tau" in text
-    assert "4.0 points lower (outside the seed noise)" in text
-    # without normalisation the logit scale is about norm^2 / tau: 4 / 10 and 4 / 100
-    assert "logit scale norm^2 / tau is 0.4 / 0.0" in text
-    summary[0]["linear_probe"] = 0.99  # peak at the smallest tau; no-norm probe still lower
-    summary[3]["contrastive_top1"] = summary[4]["contrastive_top1"] = 0.1
-    text = " ".join(temperature.table5_comparison(summary))
-    assert "an end of the grid" in text and "holds only in part here" in text
-    summary[3]["linear_probe"] = 0.995  # and now the unnormalised probe is the best
-    text = " ".join(temperature.table5_comparison(summary))
-    assert "does not hold here." in text
+    # cosine logits: the scale is 1 / tau; dot products: about norm^2 / tau (derivations §12.4)
+    assert temperature.effective_scale(entry(True, 0.1)) == pytest.approx(10.0)
+    assert temperature.effective_scale(entry(False, 10.0, norm=3.0)) == pytest.approx(0.9)
+    # the learned tau's scale is at its final value
+    assert temperature.effective_scale(entry(True, 0.2, True, final=0.25)) == pytest.approx(4.0)
+    summary = [entry(True, 0.05), entry(True, 0.2), entry(True, 0.2, True, final=0.25),
+               entry(False, 100.0, norm=10.0)]
+    lines = temperature.results_table(summary).splitlines()
+    assert len(lines) == 2 + len(summary)
+    assert lines[2] == ("| l2, tau=0.05 | 3 (0) | 90.0 ± 1.0 | 80.0 ± 1.0 | 50.0 ± 2.0 | "
+                        "0.050 ± 0.000 | 2.00 ± 0.10 | 20.0 | 59.7 / 90.5 |")
+    assert lines[3].endswith("| 5.0 |  |")  # tau 0.2 is not a Table 5 row
+    assert lines[4].startswith("| l2, learned (init 0.2) |") and lines[4].endswith("| 4.0 |  |")
+    assert lines[5].endswith("| 1.0 | 57.0 / 92.1 |")  # 10^2 / 100; Table 5's no-l2 tau 100
 
 
 def test_temperature_figure_and_table(temperature, tmp_path):
@@ -124,7 +123,7 @@ def test_temperature_figure_and_table(temperature, tmp_path):
                          "knn": probe, "contrastive_top1": probe / 2,
                          "final_temperature": tau * 0.8 if learned else tau,
                          "embedding_norm": 3.0})
-    summary = temperature.summarise(rows)
+    summary = summarise(rows, temperature.SETTING_KEYS, temperature.SUMMARY_METRICS)
     assert [s["diverged"] for s in summary] == [0, 0, 0, 0, 2]
     assert summary[0]["linear_probe"] == pytest.approx(0.905)
     assert summary[0]["linear_probe_std"] == pytest.approx(0.01 / math.sqrt(2))
@@ -150,14 +149,24 @@ def test_temperature_script_quick(temperature, tmp_path):
         for key in ("linear_probe", "knn", "contrastive_top1"):
             _accuracy(row[key])
         assert float(row["loss"]) > 0
-        # the bound is log(2B - 1) - L at the quick variant's batch 64 (002 A.12.10)
+        # the bound is log(2B - 1) - L at the quick variant's batch 64 (docs/derivations.md §15.4)
         assert float(row["mi_bound"]) == pytest.approx(math.log(127) - float(row["loss"]),
                                                        abs=1e-4)
     tau = float(rows[0]["final_temperature"])
     assert tau != pytest.approx(0.2, abs=1e-7) and 0.01 <= tau < 1  # learned: it moved
     assert out.with_suffix(".png").stat().st_size > 10_000
-    md = out.with_suffix(".md").read_text()
-    assert "| no l2, learned (init 0.2) | 1 (0) |" in md and "SimCLR Table 5" in md
+    title, produced, tables = read_report(out.with_suffix(".md"))  # measurements only
+    assert title == "Temperature and L2 normalisation (SimCLR, MNIST-1D)"
+    assert produced.startswith("`python experiments/temperature_ablation.py --quick --out ")
+    assert "1 settings × seeds 0 = 1 runs of the quick variant (6 steps of batch 64" in produced
+    [table] = tables
+    assert [r["setting"] for r in table] == ["no l2, learned (init 0.2)"]
+    assert table[0]["seeds (diverged)"] == "1 (0)"
+    # percentages of the CSV's numbers; one seed: std 0
+    assert table[0]["linear probe %"] == f"{100 * float(rows[0]['linear_probe']):.1f} ± 0.0"
+    assert table[0]["final tau"] == f"{tau:.3f} ± 0.000"
+    norm = float(rows[0]["embedding_norm"])
+    assert table[0]["logit scale"] == f"{norm ** 2 / tau:.1f}"  # no l2: about norm^2 / tau
 
 
 # --- batch_size_ablation ----------------------------------------------------------------------
@@ -180,7 +189,7 @@ def test_rank_correlation(batch_size):
     assert math.isnan(rho([1], [2])) and math.isnan(rho([1, 2], [5, 5]))
 
 
-def test_batch_findings(batch_size):
+def test_batch_trends(batch_size):
     def entry(regime, batch, acc, bound):
         return {"regime": regime, "batch": batch, "steps": 10, "linear_probe": acc,
                 "linear_probe_std": 0.0, "knn": acc, "knn_std": 0.0, "mi_bound": bound,
@@ -189,11 +198,12 @@ def test_batch_findings(batch_size):
     summary = [entry("equal_epochs", b, acc, 2.0) for b, acc in ((32, 0.9), (64, 0.8))]
     summary += [entry("equal_steps", b, acc, bound)
                 for b, acc, bound in ((32, 0.8, 2.0), (64, 0.9, 4.5))]
-    text = " ".join(batch_size.findings(summary))
-    assert "larger batches hurt, unlike SimCLR" in text and "only 10 steps" in text
-    assert "probe +1.00, kNN +1.00: larger batches help" in text
-    assert "at most 93% of the ceiling (B = 64, equal steps)" in text  # 4.5 / log 127
-    assert "close to its ceiling" in text
+    lines = batch_size.trends_table(summary).splitlines()
+    # equal epochs: probe and kNN fall with B (rho -1); a constant bound has no rank correlation;
+    # the bound reaches 2 / log(63) = 48% of its ceiling at B = 32
+    assert lines[2] == "| equal epochs | -1.00 | -1.00 | – | 48% |"
+    # equal steps: everything rises with B; 4.5 / log(127) = 93% of the ceiling at B = 64
+    assert lines[3] == "| equal steps | +1.00 | +1.00 | +1.00 | 93% |"
 
 
 def test_batch_plan(batch_size):
@@ -244,5 +254,14 @@ def test_batch_script_quick(batch_size, tmp_path):
     assert rows[1]["shared_run"] == rows[3]["shared_run"] == "True"
     assert rows[1]["linear_probe"] == rows[3]["linear_probe"]
     assert out.with_suffix(".png").stat().st_size > 10_000
-    md = out.with_suffix(".md").read_text()
-    assert "| equal steps | 64 | 4 |" in md and "ceiling log(2B-1)" in md
+    _, produced, (table, trends) = read_report(out.with_suffix(".md"))  # measurements only
+    assert "3 training runs" in produced and "equal steps: 4 steps" in produced  # 128 shared
+    assert [(r["regime"], r["batch"], r["steps"]) for r in table] == [
+        (r["regime"].replace("_", " "), r["batch"], r["steps"]) for r in rows]
+    for cells, row in zip(table, rows, strict=True):
+        assert cells["ceiling log(2B-1)"] == f"{float(row['log_n_ceiling']):.3f}"
+        assert cells["log N - L (nats)"] == f"{float(row['mi_bound']):.2f} ± 0.00"
+    assert [t["regime"] for t in trends] == ["equal epochs", "equal steps"]
+    for t in trends:  # two batches: the ranks agree or disagree entirely
+        assert t["Spearman rho: probe vs B"] in ("+1.00", "-1.00", "–")
+        assert float(t["max (log N - L) / log(2B-1)"].rstrip("%")) < 100  # below log N

@@ -1,5 +1,6 @@
 """The training-dynamics experiments in their quick modes: norm growth and the effective learning
-rate (000 P7, P10), the learned temperature with and without the clip (000 P8), and the
+rate (docs/derivations.md §12.3, §12.4), the learned temperature with and without the clip
+(§7.5-7.6), and the
 gradient-check script's CSV and figure."""
 
 import csv
@@ -10,6 +11,8 @@ import pathlib
 
 import numpy as np
 import pytest
+
+from common.reporting import read_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -37,7 +40,8 @@ def test_norm_growth_helpers():
     ng = _script("norm_growth")
     rng = np.random.default_rng(0)
     w = rng.normal(size=50)
-    assert ng.angular_step(w, 3.0 * w) == pytest.approx(0.0, abs=1e-15)  # 000 P7.1: scale only
+    # derivations §12.1: scale only
+    assert ng.angular_step(w, 3.0 * w) == pytest.approx(0.0, abs=1e-15)
     e0, e1 = np.eye(3)[0], np.eye(3)[1]
     assert ng.angular_step(e0, 7.0 * e1) == pytest.approx(math.sqrt(2.0), rel=1e-15)
     assert ng.effective_lr(2e-3, 10_000, 4.0) == pytest.approx(2e-3 * 100 / 4.0, rel=1e-15)
@@ -77,7 +81,19 @@ def test_norm_growth_quick(tmp_path):
     assert {(r["normalize"], r["temperature"], r["weight_decay"]) for r in rows} == {
         ("False", "1.0", "0.1")}
     _png(out.with_suffix(".png"))
-    assert "| dot product / tau 1, wd 0.1 |" in out.with_suffix(".md").read_text()
+    _, produced, [table] = read_report(out.with_suffix(".md"))  # measurements only
+    assert "8 steps" in produced and "n = 680 scale-invariant weights" in produced
+    [row] = table
+    first, last = rows[0], rows[-1]
+    assert row["run"] == "dot product / tau 1, wd 0.1"
+    assert row["‖z‖ first → last"] == (f"{float(first['embedding_norm']):.3g} → "
+                                       f"{float(last['embedding_norm']):.3g}")
+    # dot-product logits at tau 1: the logit scale is the mean norm squared (derivations §12.4)
+    assert row["logit scale first → last"] == (f"{float(first['embedding_norm']) ** 2:.3g} → "
+                                               f"{float(last['embedding_norm']) ** 2:.3g}")
+    ratio = float(row["ratio"])
+    assert 0.1 < ratio < 1.5  # as the per-step bounds above
+    assert (row["linear probe"], row["kNN"]) == ("–", "–")  # quick: no evaluation
 
 
 def test_learned_temperature_quick_clip_binds(tmp_path):
@@ -90,7 +106,7 @@ def test_learned_temperature_quick_clip_binds(tmp_path):
     assert len(clip) == len(free) == 8 and len(rows) == 16
     t_clip = [float(r["log_scale"]) for r in clip]
     t_free = [float(r["log_scale"]) for r in free]
-    # 000 P8: identical views, every positive wins, dl/dt < 0: t climbs in both runs ...
+    # derivations §7.5: identical views, every positive wins, dl/dt < 0: t climbs in both runs ...
     assert t_free[0] == t_clip[0] == pytest.approx(math.log(1 / 0.2), abs=1e-6)
     assert all(b > a for a, b in itertools.pairwise(t_free))
     assert np.mean([float(r["top1"]) for r in rows]) > 0.95
@@ -108,9 +124,17 @@ def test_learned_temperature_quick_clip_binds(tmp_path):
     # the sharper unclipped softmax has the lower loss on these easy positives
     assert float(free[-1]["loss"]) < float(clip[-1]["loss"])
     _png(out.with_suffix(".png"))
-    table = out.with_suffix(".md").read_text()
-    assert "| identical_clip | identical | 1.5 | 100 |" in table
-    assert "| identical_no_clip | identical | 1.5 | inf |" in table
+    _, produced, [table] = read_report(out.with_suffix(".md"))  # measurements only
+    assert "t starts at log(1 / 0.2) = 1.609, log 100 = 4.605" in produced
+    assert [(r["run"], r["temperature_lr"], r["max_scale"]) for r in table] == [
+        ("identical_clip", "1.5", "100"), ("identical_no_clip", "1.5", "inf")]
+    clipped, unclipped = table
+    assert clipped["t final (s = e^t)"] == "4.605 (100)"  # held at the clip
+    assert float(unclipped["max t"]) == pytest.approx(max(t_free), abs=1e-3)
+    # both pass log 100 at the same recorded step: the runs agree until the clip binds
+    reached = next(int(r["step"]) for r in free if float(r["log_scale"]) >= math.log(100))
+    assert clipped["first step t ≥ log 100"] == unclipped["first step t ≥ log 100"] == str(
+        reached)
 
 
 def test_gradcheck_script_writes_csv_and_png(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
 """The InfoNCE MI-bound experiment (experiments/mi_bound.py) and its critics (models/critics.py).
 
-The bound checked is 002 A.12.5 / A.12.10: log N - L_N <= I(X; Y) in expectation, and
+The bound checked is docs/derivations.md §15.1: log N - L_N <= I(X; Y) in expectation, and
 log N - L <= log N for every batch (L >= 0).
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from common.reporting import read_report
 from contrastive_jax.losses import info_nce
 from contrastive_jax.training.data.correlated_gaussians import (
     correlation_for,
@@ -72,7 +73,7 @@ def test_separable_critic_is_a_dot_product_of_two_mlps():
 
 def test_optimal_critic_is_the_log_density_ratio():
     # S_ij = log p(y_j | x_i) / p(y_j); under the joint its mean is I(X; Y) (a KL divergence),
-    # and InfoNCE with it stays below min(I, log N) (002 A.12.5)
+    # and InfoNCE with it stays below min(I, log N) (docs/derivations.md §15.3-15.4)
     dim, mi, n = 4, 1.0, 256
     rho = correlation_for(mi, dim)
     x, y = sample(jax.random.key(0), n, dim, rho)
@@ -104,16 +105,24 @@ def test_mi_bound_quick_writes_a_table_below_the_bounds(tmp_path):
         assert log_n == pytest.approx(math.log(16))
         assert all(math.isfinite(float(row[k])) for k in
                    ("train_ema", "eval_mean", "eval_std", "train_max", "ms_per_step"))
-        # 002 A.12.5: below log N always, below the true MI in expectation (30 steps: far below)
+        # derivations §15.3: below log N always, below the true MI in expectation (30 steps: far
+        # below)
         assert mean < min(true_mi, log_n) and top < log_n and float(row["train_max"]) < log_n
         assert int(row["eval_batches"]) == 15 and int(row["steps_per_stage"]) == 30
     # the critics learn: every critic's estimate rises from stage 1 to stage 2
     for kind in ("separable", "concat"):
         first, second = (float(r["eval_mean"]) for r in rows if r["critic"] == kind)
         assert second > first + 0.1
-    table = out.with_suffix(".md").read_text()
-    assert "| separable | 16 | 2 | 2.77 | 30 |" in table and "![" in table
-    assert "Fresh-batch mean below min(I, log N) in 4 of 4 stages" in table
+    _, produced, (stages, check, timing) = read_report(out.with_suffix(".md"))
+    assert "true MI 2, 4 nats, 30 steps per stage" in produced
+    assert [(r["critic"], r["N"], r["true I"], r["log N"]) for r in stages] == [
+        (r["critic"], "16", f"{float(r['true_mi']):g}", "2.77") for r in rows]
+    assert [r["fresh > I"] for r in stages] == [f"{r['eval_above_true']}/15" for r in rows]
+    check = {r["bound check (docs/derivations.md §15.3)"]: r["value"] for r in check}
+    assert check["stages with fresh mean <= min(I, log N)"] == "4 of 4"
+    assert check["stages with a single batch above log N"] == "0 of 4"
+    assert float(check["largest fresh mean - min(I, log N)"].split()[0]) < 0
+    assert [(r["critic"], r["steps"]) for r in timing] == [("separable", "60"), ("concat", "60")]
     for row in rows:  # the optimal critic on the same batches: the bound's own gap only
         assert float(row["eval_mean"]) < float(row["optimal_mean"]) < min(
             float(row["true_mi"]), float(row["log_n"]))
@@ -136,9 +145,13 @@ def test_mi_bound_report_of_a_critic_too_costly_to_train(tmp_path):
     assert [r["train_above_true"] for r in rows] == [int(np.sum(estimates[:30] > 2.0)), 0]
     assert [r["eval_mean"] for r in rows] == pytest.approx([0.6, 2.65])
     assert [r["optimal_mean"] for r in rows] == pytest.approx([1.85, 2.7])
-    body = script.markdown(rows, [run], skipped, setup, seed=0, wall_s=1.0)
-    assert "not run (20,000 would take 16.7 h)" in body
-    assert "The concat critic at N = 16 is not trained: 3,000 ms/step measured" in body
-    assert "the trained critics stay at most 1.250 nats below it" in body
-    fig = script.figure([run], skipped, setup, [16], {16: optimal})
+    bound = script.bound_summary(rows)
+    assert bound["max_optimal_minus_mean"] == pytest.approx(1.25)  # stage 1: 1.85 - 0.6
+    assert bound["max_mean_minus_cap"] == pytest.approx(2.65 - math.log(16))  # stage 2
+    # the made-up training estimates reach 3.0 > log 16 in stage 2: the check counts it
+    assert (bound["mean_below_cap"], bound["stages_above_log_n"]) == (2, 1)
+    timing = script.tables(rows, [run], skipped, setup.eval_batches)[2].splitlines()
+    assert timing[2:] == ["| separable | 16 | 60 | 1.00 | 0.1 | 2.0 |",
+                          "| concat | 16 | not run (20,000 would take 16.7 h) | 3000 | - | 9.0 |"]
+    fig = script.figure([run], skipped, setup, {16: optimal})
     assert "not run: 3,000 ms/step measured" in fig.axes[1].texts[0].get_text()

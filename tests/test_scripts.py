@@ -3,6 +3,7 @@
 import importlib.util
 import pathlib
 
+from common.reporting import read_report
 from contrastive_jax import demo
 from contrastive_jax.analytic.gradcheck import CHECKS
 
@@ -47,6 +48,13 @@ def test_time_to_accuracy_script_quick(tmp_path):
     assert script.main(["--quick", "--seeds", "0", "--target", "0.0", "--out", str(out)]) == 0
     rows = out.with_suffix(".csv").read_text().splitlines()
     assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 3  # steps 3, 6
-    table = out.with_suffix(".md").read_text()
-    assert "| 0 | 6 |" in table and "not reached" not in table
+    _, produced, [table] = read_report(out.with_suffix(".md"))  # measurements only
+    assert "seeds 0, evaluation every 3 steps" in produced
+    seed, mean = table
+    assert (seed["seed"], seed["steps"]) == ("0", "6")
+    assert seed["train s to probe >= 0.00"] != "not reached"  # any probe reaches 0
+    probe, knn = (f"{float(v):.4f}" for v in rows[-1].split(",")[3:])  # the last evaluation
+    assert (seed["linear probe"], seed["kNN"]) == (probe, knn)  # is the final one
+    assert mean["seed"] == "mean ± std"  # of one seed
+    assert (mean["linear probe"], mean["kNN"]) == (f"{probe} ± 0.0000", f"{knn} ± 0.0000")
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

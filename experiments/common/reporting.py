@@ -1,18 +1,24 @@
 """Experiment reports: every script under ``experiments/`` writes the same three files.
 
-``report(out, rows, title, table, notes, figure)`` writes ``out.csv`` (one row per measurement,
-the raw numbers), ``out.md`` (a markdown table for a reader) and ``out.png`` (a matplotlib
-figure), creating the folder. :func:`load_config` loads ``configs/NAME.py[:variant]`` the way
-``--config`` does, so an experiment runs exactly the config a user would launch.
+``report(out, rows, title=, produced=, tables=, figure=)`` writes ``out.csv`` (one row per
+measurement, the raw numbers), ``out.md`` (the measurements only: a title, one line saying how
+they were produced, the tables) and ``out.png`` (a matplotlib figure). What the numbers mean is
+written by hand in ``experiments/README.md``. :func:`load_config` loads
+``configs/NAME.py[:variant]`` the way ``--config`` does, so an experiment runs exactly the config
+a user would launch.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 import math
 import pathlib
+import re
+import shlex
 import statistics
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +43,29 @@ def load_config(spec: str):
     return module.get_config(arg or None)
 
 
+def parser(doc: str, name: str, quick: str, config: str | None = None,
+           seeds: Sequence[int] | None = None) -> argparse.ArgumentParser:
+    """The arguments the scripts share: ``--quick`` (a tiny run for the tests; help ``quick``),
+    ``--out`` (default ``experiments/results/NAME``) and, given their defaults, ``--config``
+    and ``--seeds``. ``doc``: the script's docstring."""
+    arguments = argparse.ArgumentParser(description=doc.splitlines()[0])
+    arguments.add_argument("--quick", action="store_true", help=quick)
+    arguments.add_argument("--out", default=str(RESULTS / name),
+                           help="output path without suffix (writes .csv, .md, .png)")
+    if config is not None:
+        arguments.add_argument("--config", default=config, help="the config file[:variant]")
+    if seeds is not None:
+        arguments.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
+    return arguments
+
+
+def command(script: str, argv: Sequence[str] | None) -> str:
+    """The command line that ran ``script`` (a path) with ``argv`` (None: ``sys.argv[1:]``),
+    as inline code: ``python experiments/NAME.py ARGS``."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return f"`{shlex.join(['python', f'experiments/{pathlib.Path(script).name}', *args])}`"
+
+
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value); NaNs are kept (they show)."""
     values = [float(v) for v in values]
@@ -49,6 +78,32 @@ def late_mean(rows: Sequence[Mapping[str, Any]], key: str, fraction: float = 0.1
     """Mean of ``key`` over the last ``fraction`` of the recorded rows (at least one)."""
     tail = rows[-max(1, round(fraction * len(rows))):]
     return statistics.fmean(float(r[key]) for r in tail)
+
+
+def summarise(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+              metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """One entry per group of ``rows`` with equal ``keys`` (in first-seen order): those keys,
+    ``seeds`` (rows) and ``diverged`` (rows whose ``status`` is not "ok"), and for each metric
+    ``m`` its mean and std over the rows that did not diverge, as ``m`` and ``m_std``."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    summary = []
+    for values, group in groups.items():
+        ok = [r for r in group if r["status"] == "ok"]
+        entry = {**dict(zip(keys, values, strict=True)), "seeds": len(group),
+                 "diverged": len(group) - len(ok)}
+        for m in metrics:
+            entry[m], entry[m + "_std"] = mean_std(r[m] for r in ok)
+        summary.append(entry)
+    return summary
+
+
+def pm(entry: Mapping[str, Any], key: str, scale: float = 100.0, digits: int = 1) -> str:
+    """``entry[key] ± entry[key + "_std"]`` times ``scale`` as a table cell ("diverged": NaN)."""
+    if not math.isfinite(entry[key]):
+        return "diverged"
+    return f"{scale * entry[key]:.{digits}f} ± {scale * entry[key + '_std']:.{digits}f}"
 
 
 def accuracies(final: Mapping[str, Any]) -> dict[str, float]:
@@ -79,22 +134,47 @@ def write_csv(path: pathlib.Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 def report(out: str | pathlib.Path, rows: Sequence[Mapping[str, Any]], *, title: str,
-           body: str, figure: matplotlib.figure.Figure | None) -> pathlib.Path:
-    """Write ``out.csv`` (``rows``), ``out.md`` (``# title`` + ``body``) and ``out.png``.
+           produced: str, tables: Sequence[str],
+           figure: matplotlib.figure.Figure | None) -> pathlib.Path:
+    """Write ``out.csv`` (``rows``), ``out.md`` and ``out.png`` (``figure``, then closed).
 
-    ``out`` is a path without suffix (``experiments/results/temperature``); the figure is
-    closed after saving. Returns the markdown path. The markdown is also printed.
+    ``out`` is a path without suffix (``experiments/results/temperature``). The markdown is
+    ``# title``, the line ``produced`` (how: command, config, seeds, step counts), the
+    ``tables`` (markdown, each may start with a ``## heading``) and a link to the figure; it is
+    also printed. Returns its path.
     """
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_csv(out.with_suffix(".csv"), rows)
-    text = f"# {title}\n\n{body.strip()}\n"
+    parts = [f"# {title}", produced.strip(), *(t.strip() for t in tables)]
     if figure is not None:
         import matplotlib.pyplot as plt
 
         figure.savefig(out.with_suffix(".png"), dpi=120, bbox_inches="tight")
         plt.close(figure)
-        text += f"\n![{title}]({out.with_suffix('.png').name})\n"
+        parts.append(f"![{title}]({out.with_suffix('.png').name})")
+    text = "\n\n".join(parts) + "\n"
     out.with_suffix(".md").write_text(text)
     print(text)
     return out.with_suffix(".md")
+
+
+def read_report(path: str | pathlib.Path) -> tuple[str, str, list[list[dict[str, str]]]]:
+    """``(title, produced, tables)`` of a markdown file :func:`report` wrote, each table a
+    list of ``{header: cell}`` rows. Raises ValueError on anything else (a paragraph of prose,
+    a second line of text), so a test can hold a report to measurements only."""
+    blocks = pathlib.Path(path).read_text().strip().split("\n\n")
+    if len(blocks) < 2 or not blocks[0].startswith("# ") or "\n" in blocks[0] + blocks[1]:
+        raise ValueError(f"{path}: expected '# title', a blank line and one line of how")
+    tables = []
+    for block in blocks[2:]:
+        lines = block.splitlines()
+        if lines[0].startswith("## "):  # a table's heading
+            lines = lines[1:]
+        if len(lines) == 1 and lines[0].startswith("!["):  # the figure
+            continue
+        if len(lines) < 2 or not all(line.startswith("|") for line in lines):
+            raise ValueError(f"{path}: not a table or the figure:\n{block}")
+        cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+        tables.append([dict(zip(cells[0], row, strict=True)) for row in cells[2:]])
+    return blocks[0][2:], blocks[1], tables
