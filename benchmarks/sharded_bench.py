@@ -2,23 +2,25 @@
 
     python benchmarks/sharded_bench.py [--devices 8] [--sizes 4096 16384] [--d 512] [--runs 3]
 
-For each loss (CLIP both directions, NT-Xent with N pairs = 2N views) and strategy it compiles
-``value_and_grad`` of :func:`contrastive_jax.losses.sharded.sharded_clip_loss` /
-``sharded_nt_xent`` (w.r.t. both embeddings and the temperature) under ``jit`` on a
-``data`` mesh of ``--devices`` CPU devices, and reports:
+For each loss (CLIP both directions, NT-Xent with N pairs = 2N views, SigLIP) and strategy it
+compiles ``value_and_grad`` of :func:`contrastive_jax.losses.sharded.sharded_clip_loss` /
+``sharded_nt_xent`` / ``sharded_siglip_loss`` (w.r.t. both embeddings and the temperature)
+under ``jit`` on a ``data`` mesh of ``--devices`` CPU devices, and reports:
 
 - time: median forward+backward of ``--runs`` runs after a warm-up. All fake devices share this
   machine's cores, so this is the time of the whole D-device step, not of one device.
 - per-device memory from the compiled SPMD program (``memory_analysis``): XLA scratch, and
-  scratch + arguments + outputs (the device's shards of x, y and their gradients). The ring's
-  bound: scratch within 2x of ``(N/D) d`` floats plus one chunk in flight (the chunk is
-  ``(N/D) d`` floats, ``2 (N/D) d`` for NT-Xent's two views) plus a few (b, b) tiles.
+  scratch + arguments + outputs (the device's shards of x, y and their gradients); the ring's
+  bound (:func:`contrastive_jax.losses.traffic.ring_memory_bound`): a few copies of the
+  device's ``(N/D) d`` rows plus a few (b, b) tiles.
 - bytes each device receives per step: from the formula (below), and counted from the compiled
   HLO: every all-gather, reduce-scatter and collective-permute, times the trip counts of the
   loops it sits in (XLA's ``known_trip_count``), at ``(D - 1) / D`` of the gathered or
   reduced array for the first two.
 
-The formula and the HLO count are :mod:`contrastive_jax.losses.traffic`.
+The formula and the HLO count are :mod:`contrastive_jax.losses.traffic`. A second table
+compiles the ring at fixed rows per device (``--flat-rows``) on ``--flat-devices`` devices: its
+per-device scratch should not grow with D.
 
 Writes ``experiments/results/sharded_bench.md``.
 """
@@ -35,28 +37,60 @@ RESULTS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results
 STRATEGIES = ("all_gather", "all_gather_no_grad", "ring")
 
 
+def loss_fn(loss: str, strategy: str, mesh, block: int):
+    """``f(x, y, third)`` for ``value_and_grad``, and the third argument's value."""
+    import jax.numpy as jnp
+
+    from contrastive_jax.losses.sharded import (
+        sharded_clip_loss,
+        sharded_nt_xent,
+        sharded_siglip_loss,
+    )
+
+    if loss == "clip":
+        return (lambda a, b, t: sharded_clip_loss(a, b, t, mesh=mesh, strategy=strategy,
+                                                  block_size=block)), jnp.log(jnp.float32(1 / 0.07))
+    if loss == "siglip":
+        return (lambda a, b, t: sharded_siglip_loss(a, b, t, -10.0, mesh=mesh, strategy=strategy,
+                                                    block_size=block)), jnp.log(jnp.float32(10.0))
+    return (lambda a, b, t: sharded_nt_xent(a, b, t, mesh=mesh, strategy=strategy,
+                                            block_size=block)), jnp.float32(0.1)
+
+
+def flat_memory(loss: str, rows_per_device: int, d: int, block: int, devices: int) -> dict:
+    """Compile only: the ring's per-device scratch with ``rows_per_device`` rows on each of
+    ``devices`` devices (constant in D when the ring holds a fixed number of chunks)."""
+    import jax
+    import jax.numpy as jnp
+
+    from contrastive_jax.losses.traffic import ring_memory_bound
+    from contrastive_jax.mesh import make_mesh
+
+    mesh = make_mesh({"data": devices}, jax.devices()[:devices])
+    fn, third = loss_fn(loss, "ring", mesh, block)
+    spec = jax.ShapeDtypeStruct((rows_per_device * devices, d), jnp.float32)
+    compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(spec, spec,
+                                                                      third).compile()
+    return {"loss": loss, "D": devices, "rows": rows_per_device,
+            "scratch_mb": compiled.memory_analysis().temp_size_in_bytes / 2**20,
+            "bound_mb": ring_memory_bound(loss, rows_per_device * devices, devices, d,
+                                          block) / 2**20}
+
+
 def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int, runs: int):
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_nt_xent
-    from contrastive_jax.losses.traffic import collective_bytes, expected_bytes
+    from contrastive_jax.losses.traffic import collective_bytes, expected_bytes, ring_memory_bound
     from contrastive_jax.mesh import make_mesh
 
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
-    rows = n_total if loss == "clip" else n_total // 2  # NT-Xent: N = 2 x pairs rows in S
+    rows = n_total // 2 if loss == "nt_xent" else n_total  # NT-Xent: N = 2 x pairs rows in S
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((rows, d), dtype=np.float32))
     y = jnp.asarray(rng.standard_normal((rows, d), dtype=np.float32))
-    if loss == "clip":
-        third = jnp.log(jnp.float32(1 / 0.07))
-        fn = lambda a, b, t: sharded_clip_loss(a, b, t, mesh=mesh, strategy=strategy,  # noqa: E731
-                                               block_size=block)
-    else:
-        third = jnp.float32(0.1)
-        fn = lambda a, b, t: sharded_nt_xent(a, b, t, mesh=mesh, strategy=strategy,  # noqa: E731
-                                             block_size=block)
+    fn, third = loss_fn(loss, strategy, mesh, block)
     compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, third).compile()
     mem = compiled.memory_analysis()
     hlo = compiled.as_text()
@@ -66,16 +100,12 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
         start = time.perf_counter()
         jax.block_until_ready(compiled(x, y, third))
         times.append(time.perf_counter() - start)
-    n = rows // devices
-    chunk_rows = n if loss == "clip" else 2 * n
-    chunk = chunk_rows * d * 4
-    b = min(block, chunk_rows)
     return {
         "loss": loss, "strategy": strategy, "N": n_total, "time_s": float(np.median(times)),
         "scratch_mb": mem.temp_size_in_bytes / 2**20,
         "device_mb": (mem.temp_size_in_bytes + mem.argument_size_in_bytes
                       + mem.output_size_in_bytes) / 2**20,
-        "bound_mb": 2 * (n * d * 4 + chunk + 4 * b * b * 4) / 2**20,
+        "bound_mb": ring_memory_bound(loss, rows, devices, d, block) / 2**20,
         "formula_mb": expected_bytes(loss, strategy, rows, devices, d) / 2**20,
         "hlo_mb": collective_bytes(hlo, devices) / 2**20,
     }
@@ -84,8 +114,8 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
 def markdown(rows: list[dict], devices: int, d: int) -> str:
     lines = [f"D = {devices} fake CPU devices, d = {d}, f32. N = rows of the similarity matrix "
              "(CLIP: N pairs; NT-Xent: N/2 pairs, N views). Time: whole D-device step on this "
-             "machine's 2 cores. Memory per device from the compiled program; ring bound = "
-             "2 x ((N/D) d + one chunk + 4 tiles) floats. Communication: MB received per device "
+             "machine's 2 cores. Memory per device from the compiled program; ring bound: "
+             "`traffic.ring_memory_bound`. Communication: MB received per device "
              "per step.", "",
              "| loss | strategy | N | fwd+bwd (s) | scratch / device (MB) | incl. shards and "
              "grads (MB) | ring bound (MB) | comm, formula (MB) | comm, from HLO (MB) |",
@@ -98,6 +128,23 @@ def markdown(rows: list[dict], devices: int, d: int) -> str:
     return "\n".join(lines)
 
 
+def flat_markdown(rows: list[dict], d: int) -> str:
+    lines = [f"## Ring memory at fixed rows per device\n\nd = {d}, f32, compiled program only: "
+             "XLA scratch per device for `value_and_grad` with the same rows on every device "
+             "(NT-Xent: pairs) as the number of devices grows.", "",
+             "| loss | rows / device | " + " | ".join(f"D = {r['D']}" for r in rows
+                                                   if r["loss"] == rows[0]["loss"])
+             + " | bound (MB) |",
+             "| --- | --- | " + " | ".join("---" for r in rows if r["loss"] == rows[0]["loss"])
+             + " | --- |"]
+    for loss in dict.fromkeys(r["loss"] for r in rows):
+        mine = [r for r in rows if r["loss"] == loss]
+        lines.append(f"| {loss} | {mine[0]['rows']} | "
+                     + " | ".join(f"{r['scratch_mb']:.1f} MB" for r in mine)
+                     + f" | {max(r['bound_mb'] for r in mine):.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
@@ -105,18 +152,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--block", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--losses", nargs="+", default=["clip", "nt_xent"])
+    parser.add_argument("--losses", nargs="+", default=["clip", "nt_xent", "siglip"])
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    parser.add_argument("--flat-devices", type=int, nargs="+", default=[2, 4, 8, 16],
+                        help="ring scratch at fixed rows per device on these device counts")
+    parser.add_argument("--flat-rows", type=int, default=2048, help="rows per device")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "sharded_bench.md")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    jax.config.update("jax_num_cpu_devices", args.devices)
+    jax.config.update("jax_num_cpu_devices", max([args.devices, *args.flat_devices]))
     rows = []
     for loss in args.losses:
         for n in args.sizes:
             for strategy in args.strategies:
+                if loss == "siglip" and strategy == "all_gather_no_grad":
+                    continue
                 start = time.time()
                 row = run(loss, strategy, n, args.d, args.devices, args.block, args.runs)
                 rows.append(row)
@@ -125,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['formula_mb']:.1f} MB (formula)  ({time.time() - start:.0f} s wall)",
                       flush=True)
     table = markdown(rows, args.devices, args.d)
+    flat = [flat_memory(loss, args.flat_rows, args.d, args.block, devices)
+            for loss in args.losses for devices in args.flat_devices]
+    table += "\n\n" + flat_markdown(flat, args.d)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# Sharded-loss benchmark\n\n" + table + "\n")

@@ -41,7 +41,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "init_temperature": 0.1 if v.loss == "siglip" else 0.07,
     }
     config.method = v.loss
-    config.loss = {"name": v.loss, "strategy": v.strategy}
+    # identical captions are positives, not false negatives (docs/derivations.md §5.4)
+    config.loss = {"name": v.loss, "strategy": v.strategy, "positive_ids": "caption_id"}
     config.evaluation.zero_shot_prompts = "signal"  # "a plot of the digit seven", ...
     # a caption says the class and a template drawn independently of the signal, so a text
     # naming the right digit is a correct retrieval (exact pairs would cap Recall@1 near 1/8)

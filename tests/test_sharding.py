@@ -8,7 +8,12 @@ import pytest
 
 import float32_bounds as fb
 from contrastive_jax.losses import clip_loss, nt_xent
-from contrastive_jax.losses.sharded import STRATEGIES, sharded_clip_loss, sharded_nt_xent
+from contrastive_jax.losses.sharded import (
+    STRATEGIES,
+    sharded_clip_loss,
+    sharded_nt_xent,
+    sharded_siglip_loss,
+)
 from contrastive_jax.losses.traffic import (
     collective_bytes,
     expected_bytes,
@@ -199,38 +204,70 @@ def test_bad_strategy_and_mesh():
     assert set(STRATEGIES) == {"all_gather", "all_gather_no_grad", "ring"}
 
 
-def _compiled(loss, strategy, devices, rows, d, block=64):
-    """The compiled train-step gradient (embeddings and temperature) of a sharded loss."""
+def _compiled(loss, strategy, devices, rows, d, block=64, direction="both"):
+    """The compiled train-step value and gradient (embeddings and scale) of a sharded loss."""
     mesh = _mesh(devices)
     spec = jax.ShapeDtypeStruct((rows, d), jnp.float32)
-    sharded = sharded_clip_loss if loss == "clip" else sharded_nt_xent
-    third = jnp.float32(0.0 if loss == "clip" else 0.1)
-    f = jax.grad(lambda a, b, t: sharded(a, b, t, mesh=mesh, strategy=strategy,
-                                         block_size=block), argnums=(0, 1, 2))
-    return jax.jit(f).lower(spec, spec, third).compile()
+    scalar = jax.ShapeDtypeStruct((), jnp.float32)
+    if loss == "clip":
+        def fn(a, b, t):
+            return sharded_clip_loss(a, b, t, mesh=mesh, strategy=strategy, block_size=block,
+                                     direction=direction)
+    elif loss == "nt_xent":
+        def fn(a, b, t):
+            return sharded_nt_xent(a, b, t, mesh=mesh, strategy=strategy, block_size=block)
+    else:
+        def fn(a, b, t):
+            return sharded_siglip_loss(a, b, t, -2.0, mesh=mesh, strategy=strategy,
+                                       block_size=block)
+    f = jax.value_and_grad(fn, argnums=(0, 1, 2))
+    return jax.jit(f).lower(spec, spec, scalar).compile()
 
 
-@pytest.mark.parametrize("loss", ["clip", "nt_xent"])
-def test_communication_formula_matches_the_compiled_collectives(loss):
+@pytest.mark.parametrize("loss, direction", [("clip", "both"), ("clip", "x_to_y"),
+                                             ("clip", "y_to_x"), ("nt_xent", "both"),
+                                             ("siglip", "both")])
+def test_communication_formula_matches_the_compiled_collectives(loss, direction):
     devices, rows, d = 4, 64, 16
-    texts = {s: _compiled(loss, s, devices, rows, d).as_text() for s in STRATEGIES}
+    strategies = [s for s in STRATEGIES if not (loss == "siglip" and s == "all_gather_no_grad")]
+    texts = {s: _compiled(loss, s, devices, rows, d, direction=direction).as_text()
+             for s in strategies}
     assert "all-gather" not in texts["ring"] and "reduce-scatter" not in texts["ring"]
     assert "collective-permute" in texts["ring"]
     assert "reduce-scatter" in texts["all_gather"]
-    assert "reduce-scatter" not in texts["all_gather_no_grad"]
+    assert "reduce-scatter" not in texts.get("all_gather_no_grad", "")
     for strategy, text in texts.items():
-        assert collective_bytes(text, devices) == expected_bytes(loss, strategy, rows, devices, d)
+        assert collective_bytes(text, devices) == expected_bytes(loss, strategy, rows, devices, d,
+                                                                 direction), strategy
 
 
-@pytest.mark.parametrize("loss", ["clip", "nt_xent"])
+@pytest.mark.parametrize("loss", ["clip", "nt_xent", "siglip"])
 def test_ring_memory_is_per_device_share_not_global(loss):
     # Per device, in floats: the ring's scratch holds a few copies of the device's share of the
-    # rows and of the chunk in flight (RING_MEMORY in contrastive_jax.losses.traffic), whatever
-    # N; the gather's holds all N rows of every gathered input: O(N d).
+    # rows and of the chunk in flight (ring_memory_bound in contrastive_jax.losses.traffic),
+    # whatever N; the gather's holds all N rows of every gathered input: O(N d).
     devices, d, block = 4, 64, 32
     for rows in (512, 2048):
         ring = _compiled(loss, "ring", devices, rows, d, block).memory_analysis()
         bound = ring_memory_bound(loss, rows, devices, d, block)
         assert ring.temp_size_in_bytes <= bound
     gather = _compiled(loss, "all_gather", devices, rows, d, block).memory_analysis()
-    assert gather.temp_size_in_bytes / 4 >= 2 * rows * d  # CLIP: x and y; NT-Xent: 2 views
+    views = 2 if loss == "nt_xent" else 1
+    assert gather.temp_size_in_bytes / 4 >= views * rows * d  # every gathered row
+
+
+def test_an_eager_call_is_one_cached_program():
+    """The global-array wrappers are jitted: calling one eagerly compiles one program per
+    shapes and settings (a new temperature value reuses it), not an op-by-op walk of the
+    tile loops."""
+    from contrastive_jax.losses import sharded
+
+    mesh = make_mesh({"data": 4}, jax.devices()[:4])
+    x = jnp.eye(8)[::-1] * 3.0
+    before = sharded._over_mesh._cache_size()
+    first = sharded_clip_loss(x, x, 1.0, mesh=mesh, strategy="ring", block_size=3)
+    second = sharded_clip_loss(x, x, 2.0, mesh=mesh, strategy="ring", block_size=3)
+    assert sharded._over_mesh._cache_size() == before + 1
+    assert float(second) < float(first)  # the scale did change: e^2 vs e^1 on orthogonal rows
+    sharded_clip_loss(x, x, 1.0, mesh=mesh, strategy="ring", block_size=2)
+    assert sharded._over_mesh._cache_size() == before + 2

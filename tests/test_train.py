@@ -76,12 +76,14 @@ def test_every_config_learns_on_eight_devices(spec):
         losses.append(float(metrics["loss"]))
     assert np.all(np.isfinite(losses)) and int(state.skipped) == 0
     assert losses[-1] < losses[0] - 0.05, (spec, losses)
-    # every method reports these; the InfoNCE bound only where it means something (not SigLIP)
+    # every method reports these; the InfoNCE bound only where it is one (not for SigLIP, not
+    # with positives by id)
     expected = {"top1", "embedding_norm", "grad_norm", "learning_rate"}
-    expected |= {"bias"} if "siglip" in spec else {"mi_bound"}
-    for key in expected:
+    expected |= {"bias"} if "siglip" in spec else set()
+    bound = "siglip" not in spec and not config.loss.get("positive_ids")
+    for key in expected | ({"mi_bound"} if bound else set()):
         assert np.isfinite(float(metrics[key])), key
-    assert "siglip" not in spec or "mi_bound" not in metrics
+    assert bound or "mi_bound" not in metrics
 
 
 def test_clamped_log_scale_and_skipped_non_finite_step():
@@ -257,3 +259,54 @@ def test_simclr_pairs_are_two_views_and_identical_without_augmentation():
             config.augment[name] = 0.0
     same = frozen_model.pair_embeddings(graphdef, state, config, mesh, "test")
     assert evaluation.alignment(same["x"], same["y"]) == pytest.approx(0.0, abs=1e-10)
+
+
+def test_positives_by_id_in_a_train_step():
+    """loss.positive_ids names a batch feature: the CLIP config's caption ids make identical
+    captions positives. The ids reach the loss (distinct ids give the loss without ids; the
+    real ids, with duplicates, a smaller one: more positives per row), the sharded (ring) step
+    equals the single-device one, and a missing feature is a ConfigError naming the features."""
+    from contrastive_jax.errors import ConfigError
+    from contrastive_jax.training.methods import LossSettings
+
+    config, mesh, _graphdef, state, step = setup("clip_mnist1d.py:quick")
+    assert config.loss.positive_ids == "caption_id"
+    batch = next(train_iterator(config.data, mesh))
+    ids = np.asarray(batch["caption_id"])
+    assert len(np.unique(ids)) < len(ids)  # the batch holds identical captions
+    _, metrics = step(jax.tree.map(jnp.copy, state), batch)
+    distinct = dict(batch, caption_id=jax.device_put(np.arange(len(ids), dtype=ids.dtype),
+                                                     batch["caption_id"].sharding))
+    _, distinct_metrics = step(jax.tree.map(jnp.copy, state), distinct)
+    _, _, _, state0, no_ids = setup("clip_mnist1d.py:quick", positive_ids="")
+    _, plain_metrics = no_ids(state0, batch)
+    assert float(distinct_metrics["loss"]) == pytest.approx(float(plain_metrics["loss"]),
+                                                            rel=1e-6)
+    assert float(metrics["loss"]) < float(plain_metrics["loss"]) - 1e-3
+    assert float(metrics["top1"]) >= float(plain_metrics["top1"])  # ties with a twin are right
+    _, _, _, state2, ring = setup("clip_mnist1d.py:quick", strategy="ring")
+    _, ring_metrics = ring(state2, batch)
+    assert float(ring_metrics["loss"]) == pytest.approx(float(metrics["loss"]), rel=1e-5)
+    assert "mi_bound" not in metrics  # log N - L is not the bound with several positives
+    assert "mi_bound" in plain_metrics
+    with pytest.raises(ConfigError, match=r"'captions' is not a feature of the batch.*caption_id"):
+        LossSettings(name="clip", positive_ids="captions").ids(batch)
+    with pytest.raises(ValueError, match="positive_ids does not apply to moco"):
+        LossSettings(name="moco", positive_ids="label")
+    with pytest.raises(ValueError, match="siglip runs with impl"):
+        LossSettings(name="siglip", impl="analytic")
+    LossSettings(name="siglip", strategy="ring", positive_ids="label")
+
+
+def test_simclr_with_class_positives():
+    """SimCLR with loss.positive_ids = "label" (every view of the same class is a positive,
+    SupCon-style): more positives per anchor, so a smaller loss on the same batch and state;
+    no MI bound is reported."""
+    config, mesh, _, state, plain = setup("simclr_mnist1d.py:quick")
+    _, _, _, state_ids, by_label = setup("simclr_mnist1d.py:quick", positive_ids="label")
+    batch = next(train_iterator(config.data, mesh))
+    _, plain_metrics = plain(jax.tree.map(jnp.copy, state), batch)
+    _, metrics = by_label(state_ids, batch)
+    assert float(metrics["loss"]) < float(plain_metrics["loss"]) - 1e-2
+    assert float(metrics["top1"]) >= float(plain_metrics["top1"])
+    assert "mi_bound" not in metrics and "mi_bound" in plain_metrics

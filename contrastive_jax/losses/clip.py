@@ -9,16 +9,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.dense_vjp import clip_loss_analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, clip_loss_tiled
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled
+from contrastive_jax.losses.transport import Transport
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
     check_has_negatives,
+    check_ids,
     check_pair,
     check_positive,
     check_scalar,
@@ -40,6 +41,7 @@ def clip_loss(
     direction: str = "both",
     impl: str = "tiled",
     block_size: int | None = None,
+    positive_ids: Array | None = None,
 ) -> Array:
     """CLIP's symmetric InfoNCE on paired embeddings; row i of ``x`` matches row i of ``y``.
 
@@ -51,9 +53,9 @@ def clip_loss(
         side.
       impl: ``"tiled"`` (default: never builds the N x N logits; online log-sum-exp over
         (block, block) tiles forward, tiles recomputed backward; memory O(N d + block^2); see
-        :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (dense, a ``jax.custom_vjp`` whose
-        backward pass is docs/derivations.md §8.6: ``Gamma`` from the saved logits, two matmuls and
-        a row projection) or ``"autodiff"`` (reverse mode through the dense forward). All three
+        :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (the same hand-written backward
+        pass, docs/derivations.md §8.4, on a single N x N tile: dense memory, a reference for
+        the tiling) or ``"autodiff"`` (reverse mode through the dense forward). All three
         agree to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
         ``jax.vjp``); use ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The
         default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
@@ -61,6 +63,9 @@ def clip_loss(
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, measured;
         clamped to N; when it does not divide N the last block overlaps the one before). An
         error for the other impls.
+      positive_ids: optional (N,) integers, one per pair: ``y_j`` is a positive of ``x_i`` (and
+        ``x_j`` of ``y_i``) iff ``ids[i] == ids[j]`` (duplicate captions, same-class pairs:
+        multi-positive InfoNCE, docs/derivations.md §5). Default: each pair alone.
 
     Returns:
       Scalar loss in float32 (float64 for float64 inputs).
@@ -93,30 +98,44 @@ def clip_loss(
     check_pair("x", x, "y", y)
     check_has_negatives("x", jnp.shape(x)[0])
     check_scalar("log_scale", log_scale)
-    check_positive("max_scale", max_scale)
+    check_positive("max_scale", max_scale, allow_inf=True)
+    check_ids("positive_ids", positive_ids, jnp.shape(x)[0])
     check_choice("direction", direction, DIRECTIONS)
     check_choice("impl", impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(x, y)
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
     log_scale = jnp.asarray(log_scale).astype(dtype)
-    if impl == "analytic":
-        return clip_loss_analytic(x, y, log_scale, float(max_scale), direction)
-    if impl == "tiled":
-        return clip_loss_tiled(x, y, log_scale, float(max_scale), direction, block_size)
-    return _clip_forward(x, y, log_scale, float(max_scale), direction)
+    n = x.shape[0]
+    if impl == "autodiff":
+        return _clip_forward(x, y, log_scale, float(max_scale), direction, positive_ids)
+    ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
+    w_row, w_col = DIRECTION_WEIGHTS[direction]
+    setup = Setup("clip", Transport(), n if impl == "analytic" else block_size, w_row, w_col,
+                  float(max_scale), by_id=positive_ids is not None)
+    return infonce_tiled(x, y, log_scale, ids, setup)
 
 
-def _directional_mean(logits: Array, direction: str) -> Array:
-    eye = jnp.eye(logits.shape[0], dtype=bool)
-    if direction == "x_to_y":
-        return jnp.mean(row_losses(logits, eye))
-    if direction == "y_to_x":
-        return jnp.mean(row_losses(logits.T, eye))
-    return 0.5 * (jnp.mean(row_losses(logits, eye)) + jnp.mean(row_losses(logits.T, eye)))
+# Weights (rows x -> y, columns y -> x) of the two InfoNCE directions.
+DIRECTION_WEIGHTS = {"both": (0.5, 0.5), "x_to_y": (1.0, 0.0), "y_to_x": (0.0, 1.0)}
 
 
-def _clip_forward(x, y, log_scale, max_scale, direction):
+def positives(n: int, ids: Array | None) -> Array:
+    """(n, n) boolean: ``ids[i] == ids[j]`` (the diagonal without ids)."""
+    if ids is None:
+        return jnp.eye(n, dtype=bool)
+    ids = jnp.asarray(ids)
+    return ids[:, None] == ids[None, :]
+
+
+def _clip_forward(x, y, log_scale, max_scale, direction, ids=None):
     x_hat, y_hat = l2_normalize(x), l2_normalize(y)
     logits = logit_scale(log_scale, max_scale) * similarities(x_hat, y_hat)
-    return _directional_mean(logits, direction)
+    mask = positives(logits.shape[0], ids)
+    w_row, w_col = DIRECTION_WEIGHTS[direction]
+    loss = 0.0
+    if w_row:
+        loss += w_row * jnp.mean(row_losses(logits, mask))
+    if w_col:
+        loss += w_col * jnp.mean(row_losses(logits.T, mask.T))
+    return loss

@@ -7,15 +7,16 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.errors import InputError
-from contrastive_jax.losses.dense_vjp import nt_xent_analytic
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, nt_xent_tiled
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled
+from contrastive_jax.losses.transport import Transport
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
     check_has_negatives,
+    check_ids,
     check_pair,
     check_positive,
     compute_dtype,
@@ -34,6 +35,7 @@ def nt_xent(
     impl: str = "tiled",
     block_size: int | None = None,
     normalize: bool = True,
+    positive_ids: Array | None = None,
 ) -> Array:
     """Normalised-temperature cross-entropy over the 2N views ``[z1; z2]``.
 
@@ -41,17 +43,21 @@ def nt_xent(
       z1, z2: (N, d) embeddings of the two views, N >= 2; ``z1[i]`` and ``z2[i]`` are a positive
         pair. L2-normalised inside.
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
-      impl: ``"tiled"`` (default; see below), ``"autodiff"`` (the only one that composes with
-        forward-mode transforms), ``"analytic"`` (``jax.custom_vjp`` with the backward pass written
-        from docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat / tau``, one matmul, then
-        the projection through the normalisation) or ``"tiled"`` (never builds the 2N x 2N matrix;
-        visits only the tiles on and above the diagonal of the symmetric similarity; memory O(N d +
-        block^2); see :mod:`contrastive_jax.losses.tiled`).
+      impl: ``"tiled"`` (default; never builds the 2N x 2N matrix; visits only the tiles on and
+        above the diagonal of the symmetric similarity, the two views kept apart; memory
+        O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (the same
+        hand-written backward, docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat /
+        tau``, on whole-view tiles: dense memory) or ``"autodiff"`` (the only one that composes
+        with forward-mode transforms).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
         for the other impls.
       normalize: ``False`` drops the L2 normalisation: dot-product logits ``z_i . z_j / tau``
         (SimCLR Table 5's "no l2 norm" rows; docs/derivations.md §12.4 shows this loss rewards
         growing norms). An ablation, so only ``impl="autodiff"`` implements it (an error otherwise).
+      positive_ids: optional (N,) integers, one per example (both its views share it): view
+        ``j`` is a positive of anchor ``i`` iff their ids are equal and ``j != i`` (SupCon's
+        positives when the ids are labels, [SupCon]; docs/derivations.md §5). Default: each
+        example's other view alone.
 
     Returns:
       Scalar: the mean over all 2N anchors (docs/derivations.md §9.1 step 6).
@@ -83,6 +89,7 @@ def nt_xent(
     check_has_negatives("z1", jnp.shape(z1)[0])
     check_positive("temperature", temperature)
     check_choice("impl", impl, IMPLS)
+    check_ids("positive_ids", positive_ids, jnp.shape(z1)[0])
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     if not normalize and impl != "autodiff":
         raise InputError(f"normalize=False (dot-product logits) is implemented by "
@@ -90,18 +97,24 @@ def nt_xent(
     dtype = compute_dtype(z1, z2)
     z1, z2 = jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)
     temperature = jnp.asarray(temperature).astype(dtype)
-    if impl == "tiled":
-        return nt_xent_tiled(z1, z2, temperature, block_size)
-    z = jnp.concatenate([z1, z2], axis=0)
-    if impl == "analytic":
-        return nt_xent_analytic(z, temperature)
-    return _nt_xent_forward(z, temperature, normalize)
+    n = z1.shape[0]
+    if impl == "autodiff":
+        return _nt_xent_forward(jnp.concatenate([z1, z2], axis=0), temperature, normalize,
+                                positive_ids)
+    ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
+    setup = Setup("nt_xent", Transport(), n if impl == "analytic" else block_size,
+                  by_id=positive_ids is not None)
+    return infonce_tiled(z1, z2, temperature, ids, setup)
 
 
-def _nt_xent_forward(z, temperature, normalize=True):
+def _nt_xent_forward(z, temperature, normalize=True, ids=None):
     z_hat = l2_normalize(z) if normalize else z
     logits = similarities(z_hat, z_hat) / temperature
     m = z.shape[0]
     not_self = ~jnp.eye(m, dtype=bool)
-    partner = jnp.roll(jnp.eye(m, dtype=bool), m // 2, axis=1)
-    return jnp.mean(row_losses(logits, partner, candidates=not_self))
+    if ids is None:
+        positive = jnp.roll(jnp.eye(m, dtype=bool), m // 2, axis=1)
+    else:
+        both = jnp.concatenate([jnp.asarray(ids)] * 2)
+        positive = (both[:, None] == both[None, :]) & not_self
+    return jnp.mean(row_losses(logits, positive, candidates=not_self))

@@ -36,10 +36,15 @@ part of the objective (docs/derivations.md §14.6), so each choice is a named ``
     chunk round again with its gradient accumulator riding along, and one last hop brings the
     accumulator home. Per-device memory O(n d) plus the chunk in flight, never O(N d).
 
-All strategies use the analytic backward pass of :mod:`contrastive_jax.losses.chunk_stream` inside a
-``jax.custom_vjp`` that owns its collectives (:mod:`contrastive_jax.losses.collective_vjp`), so
-gradients are exact under ``jit`` and ``shard_map`` (``check_vma=True``), with the logit scale
-replicated as in a train step.
+All strategies run the tiled engine of :mod:`contrastive_jax.losses.tiled` (the same passes as
+on one device; how the rows arrive is a :class:`~contrastive_jax.losses.transport.Transport`)
+inside a ``jax.custom_vjp`` that owns its collectives, so gradients are exact under ``jit`` and
+``shard_map`` (``check_vma=True``), with the logit scale replicated as in a train step. NT-Xent's
+similarity is symmetric, so the exact strategies meet each pair of devices once (half the
+tiles). SigLIP's per-pair terms need no statistics: one pass per pair of devices' rows.
+
+Positives by id: every loss takes optional integer ``positive_ids`` (the global batch's, split
+over the mesh like the rows); equal ids are positives (docs/derivations.md §5).
 
 Functions named ``*_shard`` run *inside* a ``shard_map`` (on per-device shards, with the mesh
 axis name); ``sharded_*`` wrap them for global arrays and a :class:`jax.sharding.Mesh`.
@@ -55,27 +60,45 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import InputError
-from contrastive_jax.losses.collective_vjp import Setup, clip_one_pass, streamed_loss
-from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tile_kernels import DIRECTION_WEIGHTS
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE
+from contrastive_jax.losses.clip import DIRECTION_WEIGHTS
+from contrastive_jax.losses.tiled import (
+    DEFAULT_BLOCK_SIZE,
+    Setup,
+    default_ids,
+    infonce_tiled,
+    sigmoid_tiled,
+)
+from contrastive_jax.losses.transport import STRATEGIES, Transport
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
     check_has_negatives,
+    check_ids,
     check_pair,
     check_positive,
+    check_scalar,
     compute_dtype,
 )
 from contrastive_jax.mesh import DATA_AXIS, check_divisible
 
 Array = jax.Array
-STRATEGIES = ("all_gather", "all_gather_no_grad", "ring")
 __all__ = ["STRATEGIES", "clip_loss_shard", "nt_xent_shard", "sharded_clip_loss",
-           "sharded_nt_xent"]
+           "sharded_nt_xent", "sharded_siglip_loss", "siglip_loss_shard"]
 
 
 # ------------------------------------------------------------------- per-shard losses
+
+
+def _prepare(x, y, ids, axis_name, axis_size, strategy, block_size):
+    """Cast to the compute dtype; the transport, the block, and the ids (default: global row
+    indices)."""
+    check_choice("strategy", strategy, STRATEGIES)
+    block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
+    dtype = compute_dtype(x, y)
+    transport = Transport(strategy, axis_name, axis_size)
+    n = jnp.shape(x)[0]
+    ids = default_ids(n, transport) if ids is None else jnp.asarray(ids)
+    return jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype), ids, transport, block
 
 
 def clip_loss_shard(
@@ -89,27 +112,22 @@ def clip_loss_shard(
     max_scale: float = 100.0,
     direction: str = "both",
     block_size: int | None = None,
+    positive_ids: Array | None = None,
 ) -> Array:
     """CLIP loss of the global batch, called inside ``shard_map`` on this device's (n, d) rows.
 
     Returns the global loss (the same on every device), equal to
     :func:`contrastive_jax.losses.clip_loss` on the concatenation of all devices' rows
     (docs/derivations.md §14.1; loss §8.1, scale §7.6). ``axis_size`` is the number of devices on
-    ``axis_name``.
+    ``axis_name``; ``positive_ids`` this device's (n,) ids.
     """
-    check_choice("strategy", strategy, STRATEGIES)
     check_choice("direction", direction, tuple(DIRECTION_WEIGHTS))
-    block_size = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
-    dtype = compute_dtype(x, y)
-    x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
-    scale = logit_scale(jnp.asarray(log_scale).astype(dtype), max_scale)
-    total = x.shape[0] * axis_size
+    x, y, ids, transport, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
+                                           block_size)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
-    passes = tuple(p for p in ((0, 1, w_row), (1, 0, w_col)) if p[2])  # (anchors, candidates, w)
-    setup = Setup(axis_name, axis_size, "clip", strategy, block_size, passes)
-    if len(passes) == 2 and strategy != "all_gather_no_grad":
-        return clip_one_pass(x, y, scale, setup) / total
-    return streamed_loss((x, y), scale, setup) / total
+    setup = Setup("clip", transport, block, w_row, w_col, float(max_scale),
+                  by_id=positive_ids is not None)
+    return infonce_tiled(x, y, jnp.asarray(log_scale).astype(x.dtype), ids, setup)
 
 
 def nt_xent_shard(
@@ -121,6 +139,7 @@ def nt_xent_shard(
     axis_size: int,
     strategy: str = "all_gather",
     block_size: int | None = None,
+    positive_ids: Array | None = None,
 ) -> Array:
     """NT-Xent of the global batch, inside ``shard_map`` on this device's two views (n, d).
 
@@ -128,29 +147,76 @@ def nt_xent_shard(
     :func:`contrastive_jax.losses.nt_xent` on the concatenated views; every other of the
     ``2N - 2`` views is a negative (docs/derivations.md §9.1, §14.6).
     """
-    check_choice("strategy", strategy, STRATEGIES)
-    block_size = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
-    dtype = compute_dtype(z1, z2)
-    z = jnp.concatenate([jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)])
-    scale = 1.0 / jnp.asarray(temperature).astype(dtype)
-    setup = Setup(axis_name, axis_size, "nt_xent", strategy, block_size, ((0, 0, 1.0),))
-    return streamed_loss((z,), scale, setup) / (z.shape[0] * axis_size)
+    z1, z2, ids, transport, block = _prepare(z1, z2, positive_ids, axis_name, axis_size,
+                                             strategy, block_size)
+    setup = Setup("nt_xent", transport, block, by_id=positive_ids is not None)
+    return infonce_tiled(z1, z2, jnp.asarray(temperature).astype(z1.dtype), ids, setup)
+
+
+def siglip_loss_shard(
+    x: Array,
+    y: Array,
+    log_scale: Array | float,
+    bias: Array | float,
+    *,
+    axis_name: str = DATA_AXIS,
+    axis_size: int,
+    strategy: str = "all_gather",
+    max_scale: float = 100.0,
+    block_size: int | None = None,
+    positive_ids: Array | None = None,
+) -> Array:
+    """SigLIP of the global batch, inside ``shard_map`` on this device's (n, d) rows: equal to
+    :func:`contrastive_jax.losses.siglip_loss` on all rows (docs/derivations.md §11, §14)."""
+    if strategy == "all_gather_no_grad":
+        raise InputError("SigLIP has no anchors whose terms a device could keep alone; use "
+                         "strategy 'all_gather' or 'ring'")
+    x, y, ids, transport, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
+                                           block_size)
+    setup = Setup("siglip", transport, block, max_scale=float(max_scale),
+                  by_id=positive_ids is not None)
+    return sigmoid_tiled(x, y, jnp.asarray(log_scale).astype(x.dtype),
+                         jnp.asarray(bias).astype(x.dtype), ids, setup)
 
 
 # --------------------------------------------------------------- global-array wrappers
 
 
-def _over_mesh(fn, mesh: Mesh, axis: str, a: Array, b: Array, third) -> Array:
-    """``fn(a_shard, b_shard, third)`` under ``shard_map``: rows split over ``axis``, ``third``
-    (the scale or temperature) replicated, the loss replicated."""
-    return jax.shard_map(fn, mesh=mesh, in_specs=(P(axis), P(axis), P()), out_specs=P())(
-        a, b, jnp.asarray(third))
+_SHARD_LOSSES = {"clip": clip_loss_shard, "nt_xent": nt_xent_shard,
+                 "siglip": siglip_loss_shard}
 
 
-def _data_axis_size(mesh: Mesh, axis: str) -> int:
+@functools.partial(jax.jit, static_argnames=("loss", "mesh", "axis", "settings"))
+def _over_mesh(loss: str, rows: tuple, scalars: tuple, ids, *, mesh: Mesh, axis: str,
+               settings: tuple) -> Array:
+    """The ``loss``'s ``*_shard`` function under ``shard_map``: rows (and ids) split over
+    ``axis``, the scalars replicated, the loss replicated; ``settings`` its keyword arguments as
+    sorted ``(name, value)`` pairs. Jitted, so that an eager call is one compiled program
+    (cached per shapes and settings) rather than an op-by-op walk of the tile loops. Without
+    ids each shard uses its rows' global indices."""
+    shard_loss, kwargs = _SHARD_LOSSES[loss], dict(settings)
+    k = len(rows) + len(scalars)
+
+    def fn(*args):
+        return shard_loss(*args[:k], axis_name=axis, **kwargs,
+                          positive_ids=args[k] if ids is not None else None)
+
+    specs = (P(axis),) * len(rows) + (P(),) * len(scalars)
+    args = (*rows, *(jnp.asarray(s) for s in scalars))
+    if ids is not None:
+        specs, args = (*specs, P(axis)), (*args, jnp.asarray(ids))
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=P())(*args)
+
+
+def _axis_size(mesh: Mesh, axis: str, rows: int, strategy: str, ids) -> int:
     if axis not in mesh.shape:
-        raise InputError(f"mesh has axes {tuple(mesh.shape)}, not '{axis}'; pass axis=one of them")
-    return mesh.shape[axis]
+        raise InputError(f"mesh has axes {tuple(mesh.shape)}, not '{axis}'; pass axis=one of "
+                         "them")
+    size = mesh.shape[axis]
+    check_divisible(rows, size)
+    check_choice("strategy", strategy, STRATEGIES)
+    check_ids("positive_ids", ids, rows)
+    return size
 
 
 def sharded_clip_loss(
@@ -164,11 +230,12 @@ def sharded_clip_loss(
     max_scale: float = 100.0,
     direction: str = "both",
     block_size: int | None = None,
+    positive_ids: Array | None = None,
 ) -> Array:
     """:func:`clip_loss_shard` over ``mesh``: (N, d) global arrays, rows split over ``axis``.
 
-    Equal to ``clip_loss(x, y, log_scale, max_scale=..., direction=...)`` for the exact
-    strategies, in value and in every gradient. ``N`` must divide by the axis size.
+    Equal to ``clip_loss(x, y, log_scale, max_scale=..., direction=..., positive_ids=...)`` for
+    the exact strategies, in value and in every gradient. ``N`` must divide by the axis size.
 
     References:
       docs/derivations.md §14 (the sharded objective), §8 (CLIP); docs/sharding.md.
@@ -186,12 +253,15 @@ def sharded_clip_loss(
     """
     check_pair("x", x, "y", y)
     check_has_negatives("x", jnp.shape(x)[0])
-    size = _data_axis_size(mesh, axis)
-    check_divisible(jnp.shape(x)[0], size)
-    check_choice("strategy", strategy, STRATEGIES)
-    fn = functools.partial(clip_loss_shard, axis_name=axis, axis_size=size, strategy=strategy,
-                           max_scale=max_scale, direction=direction, block_size=block_size)
-    return _over_mesh(fn, mesh, axis, x, y, log_scale)
+    size = _axis_size(mesh, axis, jnp.shape(x)[0], strategy, positive_ids)
+    check_positive("max_scale", max_scale, allow_inf=True)
+
+    check_choice("direction", direction, tuple(DIRECTION_WEIGHTS))
+    block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
+    settings = (("axis_size", size), ("block_size", block), ("direction", direction),
+                ("max_scale", float(max_scale)), ("strategy", strategy))
+    return _over_mesh("clip", (x, y), (log_scale,), positive_ids, mesh=mesh, axis=axis,
+                      settings=settings)
 
 
 def sharded_nt_xent(
@@ -203,8 +273,10 @@ def sharded_nt_xent(
     strategy: str = "all_gather",
     axis: str = DATA_AXIS,
     block_size: int | None = None,
+    positive_ids: Array | None = None,
 ) -> Array:
-    """:func:`nt_xent_shard` over ``mesh``; equal to ``nt_xent(z1, z2, temperature)``.
+    """:func:`nt_xent_shard` over ``mesh``; equal to ``nt_xent(z1, z2, temperature,
+    positive_ids=...)``. Each pair of devices meets once (the similarity is symmetric).
 
     References:
       docs/derivations.md §14 (the sharded objective), §9 (NT-Xent); docs/sharding.md.
@@ -222,9 +294,42 @@ def sharded_nt_xent(
     check_pair("z1", z1, "z2", z2)
     check_has_negatives("z1", jnp.shape(z1)[0])
     check_positive("temperature", temperature)
-    size = _data_axis_size(mesh, axis)
-    check_divisible(jnp.shape(z1)[0], size)
-    check_choice("strategy", strategy, STRATEGIES)
-    fn = functools.partial(nt_xent_shard, axis_name=axis, axis_size=size, strategy=strategy,
-                           block_size=block_size)
-    return _over_mesh(fn, mesh, axis, z1, z2, temperature)
+    size = _axis_size(mesh, axis, jnp.shape(z1)[0], strategy, positive_ids)
+
+    block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
+    settings = (("axis_size", size), ("block_size", block), ("strategy", strategy))
+    return _over_mesh("nt_xent", (z1, z2), (temperature,), positive_ids, mesh=mesh, axis=axis,
+                      settings=settings)
+
+
+def sharded_siglip_loss(
+    x: Array,
+    y: Array,
+    log_scale: Array | float,
+    bias: Array | float,
+    *,
+    mesh: Mesh,
+    strategy: str = "all_gather",
+    axis: str = DATA_AXIS,
+    max_scale: float = 100.0,
+    block_size: int | None = None,
+    positive_ids: Array | None = None,
+) -> Array:
+    """:func:`siglip_loss_shard` over ``mesh``; equal to ``siglip_loss(x, y, log_scale, bias,
+    positive_ids=...)`` in value and every gradient (``all_gather`` or ``ring``).
+
+    References:
+      docs/derivations.md §11, §14; [SigLIP] Zhai et al. 2023, https://arxiv.org/abs/2303.15343.
+    """
+    check_pair("x", x, "y", y)
+    check_has_negatives("x", jnp.shape(x)[0])
+    check_scalar("log_scale", log_scale)
+    check_scalar("bias", bias)
+    size = _axis_size(mesh, axis, jnp.shape(x)[0], strategy, positive_ids)
+
+    check_positive("max_scale", max_scale, allow_inf=True)
+    block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
+    settings = (("axis_size", size), ("block_size", block), ("max_scale", float(max_scale)),
+                ("strategy", strategy))
+    return _over_mesh("siglip", (x, y), (log_scale, bias), positive_ids, mesh=mesh, axis=axis,
+                      settings=settings)

@@ -12,8 +12,13 @@ import jax.numpy as jnp
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, sigmoid_tiled
+from contrastive_jax.losses.transport import Transport
 from contrastive_jax.losses.validation import (
+    check_block_size,
+    check_choice,
     check_has_negatives,
+    check_ids,
     check_pair,
     check_positive,
     check_scalar,
@@ -23,8 +28,12 @@ from contrastive_jax.losses.validation import (
 Array = jax.Array
 
 
+IMPLS = ("tiled", "autodiff")
+
+
 def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | float, *,
-                max_scale: float = 100.0) -> Array:
+                max_scale: float = 100.0, impl: str = "tiled", block_size: int | None = None,
+                positive_ids: Array | None = None) -> Array:
     """``-(1/N) sum_ij log sigmoid(z_ij (s x_hat_i . y_hat_j + b))``; ``z_ii = 1``, else ``-1``.
 
     Args:
@@ -34,13 +43,17 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
         :func:`contrastive_jax.losses.clip_loss`; gradient 0 where the clip is active).
       bias: scalar ``b`` (SigLIP initialises ``log_scale = log 10``, ``b = -10``, so that the
         N^2 - N negatives do not dominate the first steps).
-
+      impl: ``"tiled"`` (default: the pairs in (block, block) tiles, recomputed in the backward
+        pass, which is written by hand, docs/derivations.md §11.2; memory O(N d + block^2)) or
+        ``"autodiff"`` (dense N x N logits, reverse mode; also forward mode).
+      block_size: rows per tile for ``impl="tiled"``.
+      positive_ids: optional (N,) integers: pair ``(i, j)`` is positive (``z_ij = 1``) iff
+        ``ids[i] == ids[j]``. Default: the diagonal.
     Returns:
       Scalar loss, float32 (float64 for float64 inputs): the sum over all N^2 pairs divided by
       N, as in the paper. ``log sigmoid`` is evaluated stably (``-softplus(-t)``).
 
-    Dense: builds the (N, N) logits. Under ``jit`` on a mesh with ``x``, ``y`` sharded over the
-    batch, XLA partitions the pairs by rows; the per-pair form needs no cross-device softmax.
+    Over a device mesh: :func:`contrastive_jax.losses.sharded.sharded_siglip_loss`.
 
     References:
       docs/derivations.md §11; [SigLIP] Zhai et al. 2023, https://arxiv.org/abs/2303.15343.
@@ -57,11 +70,25 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
     check_has_negatives("x", jnp.shape(x)[0])
     check_scalar("log_scale", log_scale)
     check_scalar("bias", bias)
-    check_positive("max_scale", max_scale)
+    check_positive("max_scale", max_scale, allow_inf=True)
+    check_choice("impl", impl, IMPLS)
+    block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
+    check_ids("positive_ids", positive_ids, jnp.shape(x)[0])
     dtype = compute_dtype(x, y)
-    x, y = l2_normalize(jnp.asarray(x).astype(dtype)), l2_normalize(jnp.asarray(y).astype(dtype))
-    scale = logit_scale(jnp.asarray(log_scale).astype(dtype), float(max_scale))
-    logits = scale * similarities(x, y) + jnp.asarray(bias).astype(dtype)
-    n = logits.shape[0]
-    signs = 2.0 * jnp.eye(n, dtype=dtype) - 1.0
+    x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
+    log_scale, bias = jnp.asarray(log_scale).astype(dtype), jnp.asarray(bias).astype(dtype)
+    n = x.shape[0]
+    if impl == "tiled":
+        ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(
+            positive_ids)
+        setup = Setup("siglip", Transport(), block_size, max_scale=float(max_scale),
+                      by_id=positive_ids is not None)
+        return sigmoid_tiled(x, y, log_scale, bias, ids, setup)
+    scale = logit_scale(log_scale, float(max_scale))
+    logits = scale * similarities(l2_normalize(x), l2_normalize(y)) + bias
+    if positive_ids is None:
+        signs = 2.0 * jnp.eye(n, dtype=dtype) - 1.0
+    else:
+        ids = jnp.asarray(positive_ids)
+        signs = jnp.where(ids[:, None] == ids[None, :], 1.0, -1.0).astype(dtype)
     return -jnp.sum(jax.nn.log_sigmoid(signs * logits)) / n

@@ -1,18 +1,24 @@
 """Bytes a device receives per step under each sharding strategy: the formula and the HLO.
 
-Per device, with ``n = N / D`` rows of ``d`` float32 values (a chunk is ``n`` rows for
-CLIP, ``2n`` rows, both views, for NT-Xent). The exact CLIP strategies send only ``y`` chunks
-(one pass gives both directions; see ``clip_one_pass`` in
-:mod:`contrastive_jax.losses.collective_vjp`):
-``all_gather`` ``2 (D - 1)`` chunks, ``ring`` ``3D - 2`` chunks, plus O(n) statistics per hop.
-Otherwise (NT-Xent; CLIP without gradient through the gather, per direction):
+Per device, with ``n = N / D`` rows of ``d`` float32 values. What travels
+(:mod:`contrastive_jax.losses.transport`): a *chunk* is a device's rows of one input with their
+norms and ids (``n d + 2 n`` numbers; NT-Xent sends both views, two chunks); the backward pass
+sends each chunk again with its anchors' *weights*; the accumulators that come home
+are column *statistics* (``4 n``, forward) and *gradients* (``n d``, backward). Weights are
+``3 n`` (a remote chunk holds no positive of this device's rows) unless the positives are given
+by ids. With
+``hops = D - 1``:
 
-- ``all_gather``: the gather, ``(D - 1)`` chunks in, and the reduce-scatter of the gathered
-  gradient, ``(D - 1)`` chunks: ``2 (D - 1)`` chunks.
-- ``all_gather_no_grad``: the gather only, ``(D - 1)`` chunks.
-- ``ring``: ``D - 1`` hops of the chunk forward, ``D - 1`` hops of the chunk and its gradient
-  accumulator backward, and one last hop that brings the accumulator home: ``3D - 2`` chunks.
-  The ring trades ~1.5x the traffic of the gather for O(n d) instead of O(N d) memory.
+- ``all_gather``: the chunks gathered once (XLA reuses the forward's gather in the backward)
+  with their anchors' weights, and the gradients reduce-scattered home; the column statistics
+  come home by an all-reduce (O(N), not counted);
+- ``ring``: ``hops`` hops of the chunk with its accumulator, then the accumulator's last hop
+  home, forward and backward;
+- ``all_gather_no_grad``: each direction's candidates gathered once; nothing comes home;
+- NT-Xent's exact strategies meet each pair of devices once: on the ring, ``D // 2`` hops with
+  the chunks, the accumulators alone the rest of the way home;
+- SigLIP computes its value and gradient in one sweep: the chunks travel once, with the
+  gradient accumulators.
 
 :func:`collective_bytes` counts the same from a compiled program's HLO text (every all-gather,
 reduce-scatter and collective-permute, times the trip counts of the loops around it), so the
@@ -27,41 +33,49 @@ import re
 from contrastive_jax.errors import InputError
 
 
-def expected_bytes(loss: str, strategy: str, n_total: int, devices: int, d: int) -> float:
-    """Bytes received per device per step; ``n_total`` rows of each input (CLIP ``x``, or one
-    NT-Xent view), float32, CLIP with both directions. All-reduces (of O(N) statistics and of
-    scalars) are not counted, here or in :func:`collective_bytes`."""
-    n = n_total // devices
-    hops = devices - 1
-    if loss == "clip" and strategy != "all_gather_no_grad":  # one pass for both directions
-        if strategy == "all_gather":  # y rows in, their gradient home, the positives' cosines
-            floats = hops * n * d + hops * n * d + hops * n
-        else:  # ring: chunk + column statistics (2 per column) round and home; backward: chunk,
-            # gradient, column weights (2) and positive cosine round, the gradient home
-            floats = hops * (n * d + 2 * n) + 2 * n + hops * (2 * n * d + 3 * n) + n * d
-        return 4 * floats
-    rows = n if loss == "clip" else 2 * n
-    directions = 2 if loss == "clip" else 1
-    chunk = rows * d * 4
-    per_direction = {"all_gather": 2 * hops * chunk,
-                     "all_gather_no_grad": hops * chunk,
-                     "ring": (2 * hops + hops + 1) * chunk}[strategy]
-    return directions * per_direction
+def expected_bytes(loss: str, strategy: str, n_total: int, devices: int, d: int,
+                   direction: str = "both", by_id: bool = False) -> float:
+    """Bytes received per device per ``value_and_grad`` step; ``n_total`` rows of each input
+    (CLIP ``x``, one NT-Xent view, SigLIP ``x``), float32. All-reduces (of O(N) statistics and
+    of scalars) are not counted, here or in :func:`collective_bytes`. ``by_id``: positives
+    given by ids, which can be anywhere, so the weights of the positives travel too."""
+    n, hops = n_total // devices, devices - 1
+    weights = 5 * n if by_id else 3 * n  # the negatives' shift and weight, the reference
+    rows, ids, stats, grad = n * d + n, n, 4 * n, n * d  # rows: with their norms
+    views = 2 if loss == "nt_xent" else 1
+    columns = loss == "nt_xent" or (loss == "clip" and direction != "x_to_y")
+    if loss == "siglip":  # value and gradient in one sweep: the chunks once, gradients home
+        if strategy == "all_gather":
+            return 4.0 * hops * (rows + ids + grad)
+        return 4.0 * (hops * (rows + ids + grad) + grad)
+    if strategy == "all_gather_no_grad":  # each direction's candidates, gathered once
+        inputs = 2 if loss == "nt_xent" or direction == "both" else 1
+        return 4.0 * hops * (inputs * rows + ids)
+    if strategy == "all_gather":  # gathered once (the backward reuses them), gradients home
+        return 4.0 * hops * (views * rows + ids + columns * views * weights + views * grad)
+    # ring: the chunk (rows and ids) and its accumulator hop by hop, then the accumulator home
+    chunk = rows + ids
+    if loss == "nt_xent":  # each pair of devices once: half the hops carry the chunks
+        half = devices // 2
+        return 8.0 * (half * (chunk + stats) + (devices - half) * stats
+                      + half * (chunk + weights + grad) + (devices - half) * grad)
+    forward = hops * (chunk + stats) + stats if columns else hops * chunk
+    return 4.0 * (forward + hops * (chunk + columns * weights + grad) + grad)
 
 
-_SHAPE = re.compile(r"(f32|bf16|f64)\[([\d,]*)\]")
-_BYTES = {"f32": 4, "bf16": 2, "f64": 8}
+_SHAPE = re.compile(r"\b(f32|bf16|f64|s32|u32|s64|pred)\[([\d,]*)\]")
+_BYTES = {"f32": 4, "bf16": 2, "f64": 8, "s32": 4, "u32": 4, "s64": 8, "pred": 1}
 
 
 def _shape_bytes(text: str) -> int:
-    m = _SHAPE.search(text)
-    if not m:
-        return 0
-    dims = [int(x) for x in m.group(2).split(",") if x]
-    size = 1
-    for x in dims:
-        size *= x
-    return size * _BYTES[m.group(1)]
+    """Bytes of every array in an HLO result type (a tuple's elements summed)."""
+    total = 0
+    for kind, dims in _SHAPE.findall(text):
+        size = 1
+        for x in dims.split(","):
+            size *= int(x) if x else 1
+        total += size * _BYTES[kind]
+    return total
 
 
 def collective_bytes(hlo: str, devices: int) -> float:
@@ -105,27 +119,26 @@ def collective_bytes(hlo: str, devices: int) -> float:
             if not op:
                 continue
             kind = op.group(1)
+            result = line.split("=", 1)[1][:op.start(1) - len(line.split("=", 1)[0]) - 1]
             if kind == "all-gather":  # the result is the gathered array
-                size = _shape_bytes(line.split("=", 1)[1]) * (devices - 1) / devices
+                size = _shape_bytes(result) * (devices - 1) / devices
             elif kind == "reduce-scatter":  # the result is one of D shards of the operand
-                size = _shape_bytes(line.split("=", 1)[1]) * (devices - 1)
+                size = _shape_bytes(result) * (devices - 1)
             else:
-                size = _shape_bytes(line.split("=", 1)[1])
+                size = _shape_bytes(result)
             total += size * multiplicity(name)
     return total
 
 
-# Per-device scratch of the ring, in copies of the chunk in flight (``n`` rows for a CLIP
-# direction, ``2n`` for NT-Xent): the chunk and its gradient accumulator travelling backward,
-# each double-buffered by the collective-permute (4), the anchors' gradient (1), and for
-# NT-Xent the stacked views [z1; z2] (1). Plus the (b, b) tiles of the tiled pass.
-RING_CHUNKS = {"clip": 6, "nt_xent": 6}
+# Per-device scratch of the ring, in copies of one input's rows on a device (``n d`` floats):
+# the chunk in flight and its gradient accumulator backward, each double-buffered by the
+# collective-permute, and the anchors' gradient; NT-Xent carries both views. Plus the tiles.
+RING_CHUNKS = {"clip": 6, "siglip": 6, "nt_xent": 12}
 RING_TILES = 8
 
 
 def ring_memory_bound(loss: str, n_total: int, devices: int, d: int, block: int) -> int:
     """Bytes of per-device scratch the ring strategy needs at most: O((N / D) d + b^2)."""
     n = n_total // devices
-    chunk = (n if loss == "clip" else 2 * n) * d
-    b = min(block, n if loss == "clip" else 2 * n)
-    return 4 * (RING_CHUNKS[loss] * chunk + RING_TILES * b * b)
+    b = min(block, n)
+    return 4 * (RING_CHUNKS[loss] * n * d + RING_TILES * b * b)

@@ -85,12 +85,14 @@ def check_scalar(name: str, value) -> None:
         raise InputError(f"{name} must be a scalar; got shape {jnp.shape(value)}.")
 
 
-def check_positive(name: str, value) -> None:
-    """A positive, finite scalar; checked whenever the value is known (not traced)."""
+def check_positive(name: str, value, *, allow_inf: bool = False) -> None:
+    """A positive, finite scalar (or ``inf`` where allowed); checked whenever the value is
+    known (not traced)."""
     check_scalar(name, value)
     v = _concrete_scalar(value)
-    if v is not None and not (v > 0 and math.isfinite(v)):
-        raise InputError(f"{name} must be a positive finite number; got {v}.")
+    if v is not None and not (v > 0 and (math.isfinite(v) or (allow_inf and v == math.inf))):
+        what = "a positive number or inf" if allow_inf else "a positive finite number"
+        raise InputError(f"{name} must be {what}; got {v}.")
 
 
 def check_block_size(block_size: int | None, impl: str, default: int) -> int | None:
@@ -109,6 +111,16 @@ def check_block_size(block_size: int | None, impl: str, default: int) -> int | N
     ):
         raise InputError(f"block_size must be a positive integer; got {block_size!r}.")
     return int(block_size)
+
+
+def check_ids(name: str, ids, n: int) -> None:
+    """``None`` or an integer array of shape ``(n,)``: equal ids mark positives (§5)."""
+    if ids is None:
+        return
+    shape, dtype = jnp.shape(ids), jnp.result_type(ids)
+    if shape != (n,) or not jnp.issubdtype(dtype, jnp.integer):
+        raise InputError(f"{name} must be an integer array of shape ({n},), one id per row "
+                         f"(equal ids are positives); got shape {shape}, dtype {dtype}.")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

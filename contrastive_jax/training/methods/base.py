@@ -10,6 +10,8 @@ The ``loss`` block of a config (:class:`LossSettings`)::
                  the mesh's data axis; exact negatives across devices,
                  contrastive_jax.losses.sharded)
     block_size   tile rows for tiled and sharded losses (0: the default)
+    positive_ids a batch feature (e.g. "caption_id", "label") whose equal values make pairs
+                 positives (multi-positive InfoNCE, docs/derivations.md §5); "": each pair alone
     max_scale    cap on the logit scale, 100 (docs/derivations.md); ``float("inf")`` removes
                  the cap (nothing then stops a winning model from sharpening)
     normalize    nt_xent only: False drops the L2 normalisation (dot-product logits
@@ -53,11 +55,12 @@ class LossSettings:
     max_scale: float = 100.0
     direction: str = "both"
     normalize: bool = True
+    positive_ids: str = ""
 
     def __post_init__(self):
         for field, kind in (("temperature", float), ("max_scale", float), ("block_size", int),
                             ("normalize", bool), ("name", str), ("impl", str),
-                            ("strategy", str), ("direction", str)):
+                            ("strategy", str), ("direction", str), ("positive_ids", str)):
             value = getattr(self, field)
             ok = isinstance(value, kind) or (kind is float and isinstance(value, int)
                                              and not isinstance(value, bool))
@@ -70,9 +73,17 @@ class LossSettings:
         if self.strategy and self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown loss.strategy {self.strategy!r}; valid: '' or "
                               f"{list(STRATEGIES)}")
-        if self.strategy and self.name not in ("nt_xent", "clip"):
-            raise ConfigError(f"loss.strategy applies to nt_xent and clip; {self.name} runs on "
-                              "the global arrays (set loss.strategy = '')")
+        if self.strategy and self.name == "moco":
+            raise ConfigError("loss.strategy applies to nt_xent, clip and siglip; moco's queue "
+                              "loss runs on the global arrays (set loss.strategy = '')")
+        if self.name == "siglip" and (self.impl == "analytic"
+                                      or self.strategy == "all_gather_no_grad"):
+            raise ConfigError(f"siglip runs with impl 'tiled' or 'autodiff' and strategy '', "
+                              f"'all_gather' or 'ring'; got impl={self.impl!r}, "
+                              f"strategy={self.strategy!r}")
+        if self.positive_ids and self.name == "moco":
+            raise ConfigError("loss.positive_ids does not apply to moco (its negatives are a "
+                              "queue); set loss.positive_ids = ''")
         if not self.normalize and (self.name != "nt_xent" or self.impl != "autodiff"
                                    or self.strategy):
             raise ConfigError(
@@ -98,6 +109,15 @@ class LossSettings:
     def block(self) -> int | None:
         """``block_size`` for the loss functions: ``None`` (their default) when 0."""
         return self.block_size or None
+
+    def ids(self, batch):
+        """The batch's positive ids (``positive_ids`` names the feature), or ``None``."""
+        if not self.positive_ids:
+            return None
+        if self.positive_ids not in batch:
+            raise ConfigError(f"loss.positive_ids = {self.positive_ids!r} is not a feature of "
+                              f"the batch; features: {sorted(batch)}")
+        return batch[self.positive_ids]
 
     def tiled_kwargs(self) -> dict:
         """``{"block_size": ...}`` for ``impl="tiled"``, else nothing (the others refuse it)."""

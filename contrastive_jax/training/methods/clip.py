@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.losses import clip_loss
-from contrastive_jax.losses.sharded import sharded_clip_loss
+from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_siglip_loss
 from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.training.augmentations import augment
@@ -31,10 +31,11 @@ def _embed(model, batch, rng, ctx: MethodContext):
     return model(sample, tokens, train=True, rngs=nnx.Rngs(dropout=dropout_key))
 
 
-def _pair_metrics(x, y, log_scale, ctx: MethodContext) -> dict:
+def _pair_metrics(x, y, log_scale, ids, ctx: MethodContext) -> dict:
     m = first_anchors(x.shape[0])
+    by_id = {} if ids is None else {"anchor_ids": ids[:m], "candidate_ids": ids}
     return {
-        "top1": contrastive_top1(x[:m], y, jnp.arange(m)),
+        "top1": contrastive_top1(x[:m], y, jnp.arange(m), **by_id),
         "embedding_norm": 0.5 * (mean_norm(x) + mean_norm(y)),
         "logit_scale": logit_scale(log_scale, ctx.loss.max_scale),
     }
@@ -48,15 +49,18 @@ class CLIP(Method):
 
     def loss(self, model, batch, rng, extra, ctx: MethodContext):
         x, y = _embed(model, batch, rng, ctx)
-        log_scale = model.log_scale[...]
+        log_scale, ids = model.log_scale[...], ctx.loss.ids(batch)
         if ctx.loss.strategy:
             loss = sharded_clip_loss(x, y, log_scale, mesh=ctx.mesh, strategy=ctx.loss.strategy,
-                                     max_scale=ctx.loss.max_scale,
-                                     direction=ctx.loss.direction, block_size=ctx.loss.block)
+                                     max_scale=ctx.loss.max_scale, direction=ctx.loss.direction,
+                                     block_size=ctx.loss.block, positive_ids=ids)
         else:
             loss = clip_loss(x, y, log_scale, max_scale=ctx.loss.max_scale, impl=ctx.loss.impl,
-                             direction=ctx.loss.direction, **ctx.loss.tiled_kwargs())
-        metrics = {**_pair_metrics(x, y, log_scale, ctx), "mi_bound": math.log(x.shape[0]) - loss}
+                             direction=ctx.loss.direction, positive_ids=ids,
+                             **ctx.loss.tiled_kwargs())
+        metrics = _pair_metrics(x, y, log_scale, ids, ctx)
+        if ids is None:  # with positives by id, log N - L is not the bound (§15.3)
+            metrics["mi_bound"] = math.log(x.shape[0]) - loss
         return loss, metrics, {}
 
 
@@ -68,6 +72,12 @@ class SigLIP(Method):
 
     def loss(self, model, batch, rng, extra, ctx: MethodContext):
         x, y = _embed(model, batch, rng, ctx)
-        log_scale = model.log_scale[...]
-        loss = siglip_loss(x, y, log_scale, model.bias[...], max_scale=ctx.loss.max_scale)
-        return loss, {**_pair_metrics(x, y, log_scale, ctx), "bias": model.bias[...]}, {}
+        log_scale, bias, ids = model.log_scale[...], model.bias[...], ctx.loss.ids(batch)
+        if ctx.loss.strategy:
+            loss = sharded_siglip_loss(x, y, log_scale, bias, mesh=ctx.mesh,
+                                       strategy=ctx.loss.strategy, max_scale=ctx.loss.max_scale,
+                                       block_size=ctx.loss.block, positive_ids=ids)
+        else:
+            loss = siglip_loss(x, y, log_scale, bias, max_scale=ctx.loss.max_scale,
+                               impl=ctx.loss.impl, positive_ids=ids, **ctx.loss.tiled_kwargs())
+        return loss, {**_pair_metrics(x, y, log_scale, ids, ctx), "bias": bias}, {}

@@ -33,21 +33,24 @@ class SimCLR(Method):
                      rngs=nnx.Rngs(dropout=dropout_key))
         n = x.shape[0]
         z1, z2 = z[:n], z[n:]
-        tau = temperature_of(model, ctx.loss)
+        tau, ids = temperature_of(model, ctx.loss), ctx.loss.ids(batch)
         if ctx.loss.strategy:
             loss = sharded_nt_xent(z1, z2, tau, mesh=ctx.mesh, strategy=ctx.loss.strategy,
-                                   block_size=ctx.loss.block)
+                                   block_size=ctx.loss.block, positive_ids=ids)
         else:
             loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl, normalize=ctx.loss.normalize,
-                           **ctx.loss.tiled_kwargs())
+                           positive_ids=ids, **ctx.loss.tiled_kwargs())
         m = first_anchors(n)
         anchors = jnp.arange(m)
+        by_id = {} if ids is None else {"anchor_ids": ids[:m],
+                                        "candidate_ids": jnp.concatenate([ids, ids])}
         metrics = {
             "top1": contrastive_top1(z1[:m], z, anchors + n, exclude=anchors,
-                                     normalize=ctx.loss.normalize),
-            "mi_bound": math.log(2 * n - 1) - loss,
+                                     normalize=ctx.loss.normalize, **by_id),
             "embedding_norm": mean_norm(z),
             "feature_norm": mean_norm(h),
             "temperature": jnp.asarray(tau, jnp.float32),
         }
+        if ids is None:  # log(2N-1) - L bounds MI only with one positive per anchor
+            metrics["mi_bound"] = math.log(2 * n - 1) - loss
         return loss, metrics, {}
