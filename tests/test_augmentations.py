@@ -12,10 +12,12 @@ from contrastive_jax.training.augmentations import (
     IMAGE_OPS,
     SIGNAL_OPS,
     augment,
+    augment_each,
     default_config,
     image,
     signal,
     two_views,
+    two_views_each,
 )
 
 MODULES = {"signal": signal, "image": image}
@@ -559,3 +561,26 @@ def test_roll_at_half_the_length_draws_every_rotation_equally():
     offsets = np.argmin(y[:, :, 0], axis=1)
     counts = np.bincount(offsets, minlength=40)
     assert counts.min() > 60 and counts.max() < 140  # 100 expected each
+
+
+@pytest.mark.parametrize("kind", ["signal", "image"])
+def test_per_example_keys_make_views_independent_of_the_batch(kind):
+    """augment_each / two_views_each: example b's views depend only on keys[b] (a batch equals
+    its halves, in any order), the two views differ, and two_views_each's view v is
+    augment_each with split(keys[b])[v]; bad keys say what to pass."""
+    from contrastive_jax.errors import ConfigError
+
+    shape = (16, 40, 1) if kind == "signal" else (16, 8, 8, 3)
+    x = jax.random.uniform(jax.random.key(1), shape)
+    config = default_config(kind)
+    keys = jax.random.split(jax.random.key(2), 16)
+    v1, v2 = two_views_each(x, keys, config)
+    order = np.r_[8:16, 0:8]
+    w1, w2 = two_views_each(x[order], keys[order], config)
+    np.testing.assert_array_equal(w1, v1[order])
+    np.testing.assert_array_equal(w2, v2[order])
+    assert not np.allclose(v1, v2)
+    second = jax.vmap(jax.random.split)(keys)[:, 1]
+    np.testing.assert_array_equal(augment_each(x, second, config), v2)
+    with pytest.raises(ConfigError, match=r"keys must be \(16,\) typed PRNG keys"):
+        augment_each(x, jax.random.key(0), config)

@@ -13,7 +13,7 @@ from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
 from contrastive_jax.losses.transport import Transport
 from contrastive_jax.losses.validation import (
     check_block_size,
@@ -113,7 +113,7 @@ def clip_loss(
     w_row, w_col = DIRECTION_WEIGHTS[direction]
     setup = Setup("clip", Transport(), n if impl == "analytic" else block_size, w_row, w_col,
                   float(max_scale), by_id=positive_ids is not None)
-    return infonce_tiled(x, y, log_scale, ids, setup)
+    return infonce_tiled_jit(x, y, log_scale, ids, setup)
 
 
 # Weights (rows x -> y, columns y -> x) of the two InfoNCE directions.

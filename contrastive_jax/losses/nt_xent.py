@@ -10,7 +10,7 @@ from contrastive_jax.errors import InputError
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled
+from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
 from contrastive_jax.losses.transport import Transport
 from contrastive_jax.losses.validation import (
     check_block_size,
@@ -104,7 +104,7 @@ def nt_xent(
     ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
     setup = Setup("nt_xent", Transport(), n if impl == "analytic" else block_size,
                   by_id=positive_ids is not None)
-    return infonce_tiled(z1, z2, temperature, ids, setup)
+    return infonce_tiled_jit(z1, z2, temperature, ids, setup)
 
 
 def _nt_xent_forward(z, temperature, normalize=True, ids=None):

@@ -250,6 +250,10 @@ def _nt_xent_grads(Z, W, scale, setup: Setup):
 
 infonce_tiled.defvjp(_infonce_fwd, _infonce_bwd)
 
+# The single-device entry points call these: an eager call then compiles its loops once per
+# shape and setting instead of tracing them on every call (under an outer jit they inline).
+infonce_tiled_jit = jax.jit(infonce_tiled, static_argnums=4)
+
 
 # -------------------------------------------------------------------------------- SigLIP
 
@@ -302,7 +306,8 @@ def _sigmoid_bwd(setup: Setup, residuals, g):
 
 
 sigmoid_tiled.defvjp(_sigmoid_fwd, _sigmoid_bwd)
+sigmoid_tiled_jit = jax.jit(sigmoid_tiled, static_argnums=5)
 
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Setup", "default_ids", "gathered", "infonce_tiled",
-           "sigmoid_tiled"]
+           "infonce_tiled_jit", "sigmoid_tiled", "sigmoid_tiled_jit"]

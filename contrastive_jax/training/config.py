@@ -69,6 +69,10 @@ def base_config() -> ml_collections.ConfigDict:
         "log_every": 50,
         "checkpoint_every": 500,
         "keep_checkpoints": 3,
+        # K micro-batches per global batch, gradient unchanged (exact accumulation,
+        # contrastive_jax.training.accumulation); the micro-batch B/K must divide over the
+        # data devices
+        "accumulation_steps": 1,
         "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
         "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),

@@ -9,7 +9,9 @@
    restored from the latest checkpoint in ``workdir`` when there is one (with the data
    iterator's position, so the run continues the exact stream);
 2. the loop: ``state, metrics = step(state, batch)`` (one jitted pure function of the graph
-   definition, the state, the batch and the step's key: :func:`train_step`), progress lines
+   definition, the state, the batch and the step's key: :func:`train_step`; with
+   ``config.accumulation_steps = K`` the global batch runs as ``K`` micro-batches with the
+   gradient unchanged, :mod:`contrastive_jax.training.accumulation`), progress lines
    and TensorBoard scalars every ``log_every`` steps, checkpoints every ``checkpoint_every``
    steps and at the end, optional evaluations every ``evaluation.every`` steps;
 3. the evaluation of the frozen model (:func:`~contrastive_jax.training.evaluation.frozen_model.
@@ -39,13 +41,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training import checkpoints
+from contrastive_jax.training.accumulation import check_accumulation, step_gradients
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.evaluation.frozen_model import evaluate
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
@@ -72,25 +74,26 @@ def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
 
 def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTransformation,
                method: Method, ctx: MethodContext,
-               learning_rate: optax.Schedule | None = None) -> tuple[TrainState, dict]:
+               learning_rate: optax.Schedule | None = None,
+               accumulation_steps: int = 1) -> tuple[TrainState, dict]:
     """One optimisation step; a pure function of the state and the batch.
 
-    The step's key is ``fold_in(state.rng, state.step)`` (augmentations, dropout), so a
-    resumed run draws the same keys. A non-finite loss or gradient skips the update (the step
-    counter, ``skipped`` and ``skipped_in_a_row`` advance, nothing else changes).
+    The step's key is ``fold_in(state.rng, state.step)``, split into one key per example of
+    the global batch (augmentations, dropout), so a resumed run draws the same keys and an
+    example draws the same randomness in any micro-batch. The gradient is that of the
+    global-batch loss, with ``accumulation_steps = K`` micro-batches exactly as with one
+    (:func:`~contrastive_jax.training.accumulation.step_gradients`). A non-finite loss or
+    gradient skips the update (the step counter, ``skipped`` and ``skipped_in_a_row`` advance,
+    nothing else changes).
     """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-
-    def loss_fn(params):
-        model = nnx.merge(graphdef, params, state.rest, copy=True)
-        loss, metrics, outputs = method.loss(model, batch, rng, state.extra, ctx)
-        return loss, (metrics, outputs, nnx.state(model, nnx.Not(nnx.Param)))
-
-    (loss, (metrics, outputs, rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
+    keys = jax.random.split(rng, jax.tree.leaves(batch)[0].shape[0])
+    loss, grads, metrics, outputs, rest, extra = step_gradients(
+        state.params, state.rest, batch, keys, state.extra, graphdef=graphdef, method=method,
+        ctx=ctx, accumulation_steps=accumulation_steps)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = clamp_log_scale(optax.apply_updates(state.params, updates), ctx.loss.max_scale)
-    extra = method.after_update(state.extra, params, outputs, ctx)
+    extra = method.after_update(extra, params, outputs, ctx)
     new = state.replace(params=params, rest=rest, opt_state=opt_state, extra=extra)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -130,7 +133,8 @@ def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,
     ctx = make_context(config, mesh, graphdef)
     schedule = functools.partial(current_learning_rate, config.optimizer.to_dict(), steps)
     step = functools.partial(train_step, graphdef=graphdef, tx=tx, method=method, ctx=ctx,
-                             learning_rate=schedule)
+                             learning_rate=schedule,
+                             accumulation_steps=config.get("accumulation_steps", 1))
     return jax.jit(step, out_shardings=(replicated(mesh, state), NamedSharding(mesh, P())),
                    donate_argnums=0)
 
@@ -171,6 +175,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     check_divisible(config.data.batch_size, jax.process_count(), "processes")
     check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
+    check_accumulation(config.data.batch_size, config.get("accumulation_steps", 1),
+                       mesh.shape[DATA_AXIS])
     source = open_split(config.data.name, config.data.train_split,
                         config.data.data_dir or None, config.data.options.to_dict() or None)
     steps = total_steps(config, len(source))

@@ -167,6 +167,58 @@ def two_views(batch: Array, key: Array, config: ConfigLike) -> tuple[Array, Arra
     return views[0], views[1]
 
 
+def augment_each(batch: Array, keys: Array, config: ConfigLike) -> Array:
+    """:func:`augment` with the examples' own keys: example ``b`` is augmented with ``keys[b]``.
+
+    An example's augmentation then does not depend on the batch it sits in, which is what the
+    trainer needs to run one global batch as several micro-batches and draw the same views
+    (:mod:`contrastive_jax.training.accumulation`).
+
+    Args:
+      batch: as :func:`augment`, ``(B, ...)``.
+      keys: ``(B,)`` typed PRNG keys (``jax.random.split(key, B)``), one per example.
+      config: as :func:`augment`.
+    """
+    kind, strengths = _freeze(config)
+    batch = _check_batch(kind, batch)
+    _check_example_keys(keys, batch.shape[0])
+    return _augment_examples(batch, keys[None], kind, strengths)[0]
+
+
+def two_views_each(batch: Array, keys: Array, config: ConfigLike) -> tuple[Array, Array]:
+    """:func:`two_views` with the examples' own keys: view ``v`` of example ``b`` is augmented
+    with ``jax.random.split(keys[b])[v]`` (two independent draws per example, [SimCLR] §2.1).
+
+    Args and shapes as :func:`augment_each`. Returns ``(view1, view2)``.
+    """
+    kind, strengths = _freeze(config)
+    batch = _check_batch(kind, batch)
+    _check_example_keys(keys, batch.shape[0])
+    view_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)  # (2, B)
+    views = _augment_examples(batch, view_keys, kind, strengths)
+    return views[0], views[1]
+
+
+def _augment_examples(batch: Array, keys: Array, kind: str, strengths: tuple
+                      ) -> Array | list[Array]:
+    """``(V, B, ...)``: view v of example b uses ``keys[v, b]``."""
+    if all(s == 0 for _, s in strengths):
+        return [batch] * keys.shape[0]
+    v, b = keys.shape
+    xs = jnp.broadcast_to(batch, (v, *batch.shape)).reshape(v * b, *batch.shape[1:])
+    ys = jax.vmap(lambda x, k: _augment_example(x, k, kind, strengths))(xs, keys.reshape(v * b))
+    return ys.reshape(v, *batch.shape)
+
+
+def _check_example_keys(keys, batch_size: int) -> None:
+    if not (hasattr(keys, "dtype") and jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+            and keys.shape == (batch_size,)):
+        got = (f"shape {keys.shape}, dtype {keys.dtype}" if hasattr(keys, "dtype")
+               else repr(keys))
+        raise ConfigError(f"keys must be ({batch_size},) typed PRNG keys, one per example "
+                          f"(jax.random.split(key, {batch_size})); got {got}.")
+
+
 def _augment(batch: Array, view_keys: Array, kind: str, strengths: tuple) -> Array | list[Array]:
     """``(V, B, ...)``: view v of example b uses ``jax.random.split(view_keys[v], B)[b]``."""
     if all(s == 0 for _, s in strengths):  # every op off: the batch itself, no copy

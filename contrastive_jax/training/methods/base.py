@@ -145,14 +145,27 @@ def temperature_of(model, loss: LossSettings):
 
 
 class Method(abc.ABC):
-    """A contrastive method. Subclasses set ``name`` and implement :meth:`loss`.
+    """A contrastive method. Subclasses set ``name`` and implement :meth:`embed` and
+    :meth:`objective`.
 
-    Hooks, all optional but ``loss``, in the order the trainer calls them:
+    A step is ``loss = objective(model, embed(model, batch, keys), targets(batch, keys))``:
+    :meth:`embed` maps each example to its differentiable rows (embeddings), :meth:`targets`
+    to rows that take no gradient (MoCo's momentum keys), and :meth:`objective` is the loss on
+    the whole global batch of rows. The split is what makes gradient accumulation exact
+    (:mod:`contrastive_jax.training.accumulation`): rows are computed micro-batch by micro-batch,
+    the objective once.
+
+    ``keys (B,)`` holds one PRNG key per example (augmentations, dropout), so an example's
+    randomness does not depend on the micro-batch it sits in.
+
+    Hooks, in the order the trainer calls them:
 
     - :meth:`check` (before any work): settings the method needs, as :class:`ConfigError`;
     - :meth:`init_extra`: the method's own state (a dict of arrays, saved in checkpoints);
-    - :meth:`loss` (inside the jitted step): ``(loss, metrics, outputs)``;
-    - :meth:`after_update` (inside the step, after the optimiser): the new extra state;
+    - :meth:`targets` (no gradient): ``(rows, extra)``;
+    - :meth:`embed` (differentiated): ``rows``, every leaf ``(B, ...)``;
+    - :meth:`objective`: ``(loss, metrics, outputs)`` on the global batch;
+    - :meth:`after_update` (after the optimiser): the new extra state;
     - :meth:`results` (at the end): entries it adds to ``results.json``.
     """
 
@@ -166,10 +179,32 @@ class Method(abc.ABC):
         """The method's state besides the model (none by default)."""
         return {}
 
+    def targets(self, batch: Mapping[str, jax.Array], keys: jax.Array,
+                extra: Mapping[str, jax.Array], ctx: MethodContext
+                ) -> tuple[dict[str, jax.Array], dict[str, Any]]:
+        """Rows that take no gradient (every leaf ``(B, ...)``) and the extra state after
+        computing them (none and unchanged by default)."""
+        return {}, dict(extra)
+
     @abc.abstractmethod
-    def loss(self, model, batch: Mapping[str, jax.Array], rng: jax.Array,
+    def embed(self, model, batch: Mapping[str, jax.Array], keys: jax.Array,
+              ctx: MethodContext) -> dict[str, jax.Array]:
+        """The differentiable rows of a batch: a dict of ``(B, ...)`` arrays."""
+
+    @abc.abstractmethod
+    def objective(self, model, rows: Mapping[str, jax.Array],
+                  targets: Mapping[str, jax.Array], batch: Mapping[str, jax.Array],
+                  extra: Mapping[str, jax.Array], ctx: MethodContext):
+        """``(scalar loss, metrics dict, outputs dict)`` on one global batch of rows; uses the
+        model only for the loss's own parameters (log-scale, bias)."""
+
+    def loss(self, model, batch: Mapping[str, jax.Array], keys: jax.Array,
              extra: Mapping[str, jax.Array], ctx: MethodContext):
-        """``(scalar loss, metrics dict, outputs dict)`` on one global batch."""
+        """``objective(model, embed(...), targets(...))`` on one batch (the trainer's ``K = 1``
+        step; a convenience for tests and notebooks)."""
+        targets, extra = self.targets(batch, keys, extra, ctx)
+        return self.objective(model, self.embed(model, batch, keys, ctx), targets, batch,
+                              extra, ctx)
 
     def after_update(self, extra: dict, params, outputs: Mapping[str, Any],
                      ctx: MethodContext) -> dict:
@@ -179,3 +214,9 @@ class Method(abc.ABC):
     def results(self, source, config) -> dict[str, Any]:
         """Entries this method adds to ``results.json`` (none by default)."""
         return {}
+
+
+def example_keys(keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each example's ``(augmentation, dropout)`` keys from its step key: ``split(keys[b])``."""
+    pairs = jax.vmap(jax.random.split)(keys)
+    return pairs[:, 0], pairs[:, 1]

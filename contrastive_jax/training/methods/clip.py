@@ -9,26 +9,25 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from contrastive_jax.losses import clip_loss
 from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_siglip_loss
 from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.training.augmentations import augment
-from contrastive_jax.training.methods.base import Method, MethodContext
+from contrastive_jax.training.augmentations import augment_each
+from contrastive_jax.training.methods.base import Method, MethodContext, example_keys
 from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
-def _embed(model, batch, rng, ctx: MethodContext):
-    """``(x, y)``: the two towers' embeddings of the (augmented) samples and the captions."""
+def _embed(model, batch, keys, ctx: MethodContext) -> dict:
+    """``{"x", "y"}``: the two towers' embeddings of the (augmented) samples and the captions."""
     sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
-    aug_key, dropout_key = jax.random.split(rng)
+    aug_keys, dropout_keys = example_keys(keys)
     if ctx.augment is not None:
-        sample = augment(sample, aug_key, ctx.augment)
-    return model(sample, tokens, train=True, rngs=nnx.Rngs(dropout=dropout_key))
+        sample = augment_each(sample, aug_keys, ctx.augment)
+    x, y = model(sample, tokens, train=True, dropout_keys=dropout_keys)
+    return {"x": x, "y": y}
 
 
 def _pair_metrics(x, y, log_scale, ids, ctx: MethodContext) -> dict:
@@ -47,8 +46,11 @@ class CLIP(Method):
     name = "clip"
     losses = ("clip",)
 
-    def loss(self, model, batch, rng, extra, ctx: MethodContext):
-        x, y = _embed(model, batch, rng, ctx)
+    def embed(self, model, batch, keys, ctx: MethodContext):
+        return _embed(model, batch, keys, ctx)
+
+    def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
+        x, y = rows["x"], rows["y"]
         log_scale, ids = model.log_scale[...], ctx.loss.ids(batch)
         if ctx.loss.strategy:
             loss = sharded_clip_loss(x, y, log_scale, mesh=ctx.mesh, strategy=ctx.loss.strategy,
@@ -70,8 +72,11 @@ class SigLIP(Method):
     name = "siglip"
     losses = ("siglip",)
 
-    def loss(self, model, batch, rng, extra, ctx: MethodContext):
-        x, y = _embed(model, batch, rng, ctx)
+    def embed(self, model, batch, keys, ctx: MethodContext):
+        return _embed(model, batch, keys, ctx)
+
+    def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
+        x, y = rows["x"], rows["y"]
         log_scale, bias, ids = model.log_scale[...], model.bias[...], ctx.loss.ids(batch)
         if ctx.loss.strategy:
             loss = sharded_siglip_loss(x, y, log_scale, bias, mesh=ctx.mesh,

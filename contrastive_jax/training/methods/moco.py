@@ -21,8 +21,13 @@ from flax import nnx
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import moco_infonce
 from contrastive_jax.losses.normalize import l2_normalize
-from contrastive_jax.training.augmentations import two_views
-from contrastive_jax.training.methods.base import Method, MethodContext, temperature_of
+from contrastive_jax.training.augmentations import augment_each
+from contrastive_jax.training.methods.base import (
+    Method,
+    MethodContext,
+    example_keys,
+    temperature_of,
+)
 from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
@@ -57,6 +62,11 @@ def enqueue(queue: jax.Array, pointer: jax.Array, keys: jax.Array) -> tuple[jax.
     return queue, (pointer + keys.shape[0]) % queue.shape[0]
 
 
+def _view(x, aug_keys, view: int, ctx: MethodContext):
+    """View ``view`` of :func:`~contrastive_jax.training.augmentations.two_views_each`."""
+    return augment_each(x, jax.vmap(jax.random.split)(aug_keys)[:, view], ctx.augment)
+
+
 @dataclasses.dataclass(frozen=True)
 class MoCo(Method):
     """InfoNCE of queries against their keys and the queue; momentum and queue after each step."""
@@ -81,31 +91,39 @@ class MoCo(Method):
             "queue_pointer": jnp.zeros((), jnp.int32),
         }
 
-    def loss(self, model, batch, rng, extra, ctx: MethodContext):
-        x = batch[ctx.input_key]
-        aug_key, dropout_key = jax.random.split(rng)
-        v1, v2 = two_views(x, aug_key, ctx.augment)
-        q, h = model(v1, train=True, rngs=nnx.Rngs(dropout=dropout_key))
+    def targets(self, batch, keys, extra, ctx: MethodContext):
+        """The momentum encoder's keys of view 2 (no gradient); its BatchNorm state moves."""
+        aug_keys, dropout_keys = example_keys(keys)
+        v2 = _view(batch[ctx.input_key], aug_keys, 1, ctx)
         key_model = nnx.merge(ctx.graphdef, extra["key_params"], extra["key_rest"], copy=True)
-        k, _ = key_model(v2, train=True, rngs=nnx.Rngs(dropout=dropout_key))
-        k = jax.lax.stop_gradient(k)
+        k, _ = key_model(v2, train=True, dropout_keys=dropout_keys)
+        return ({"keys": jax.lax.stop_gradient(k)},
+                {**extra, "key_rest": nnx.state(key_model, nnx.Not(nnx.Param))})
+
+    def embed(self, model, batch, keys, ctx: MethodContext):
+        aug_keys, dropout_keys = example_keys(keys)
+        v1 = _view(batch[ctx.input_key], aug_keys, 0, ctx)
+        q, h = model(v1, train=True, dropout_keys=dropout_keys)
+        return {"q": q, "h": h}
+
+    def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
+        q, k, queue = rows["q"], targets["keys"], extra["queue"]
         tau = temperature_of(model, ctx.loss)
-        loss = moco_infonce(q, k, extra["queue"], tau)
-        m = first_anchors(x.shape[0])
-        candidates = jnp.concatenate([k[:m], extra["queue"]])
+        loss = moco_infonce(q, k, queue, tau)
+        m = first_anchors(q.shape[0])
+        candidates = jnp.concatenate([k[:m], queue])
         metrics = {
             "top1": contrastive_top1(q[:m], candidates, jnp.arange(m)),
             # log(K + 1) - L: not a bound with a queue of stale keys (docs/derivations.md)
-            "mi_bound": math.log(extra["queue"].shape[0] + 1) - loss,
+            "mi_bound": math.log(queue.shape[0] + 1) - loss,
             "embedding_norm": mean_norm(q),
-            "feature_norm": mean_norm(h),
+            "feature_norm": mean_norm(rows["h"]),
             "temperature": jnp.asarray(tau, jnp.float32),
         }
-        outputs = {"keys": k, "key_rest": nnx.state(key_model, nnx.Not(nnx.Param))}
-        return loss, metrics, outputs
+        return loss, metrics, {"keys": k}
 
     def after_update(self, extra, params, outputs, ctx):
         queue, pointer = enqueue(extra["queue"], extra["queue_pointer"],
                                  l2_normalize(outputs["keys"]))
         return {"key_params": momentum_update(extra["key_params"], params, self.momentum),
-                "key_rest": outputs["key_rest"], "queue": queue, "queue_pointer": pointer}
+                "key_rest": extra["key_rest"], "queue": queue, "queue_pointer": pointer}

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from contrastive_jax.losses import nt_xent
 from contrastive_jax.losses.sharded import sharded_nt_xent
-from contrastive_jax.training.augmentations import two_views
-from contrastive_jax.training.methods.base import Method, MethodContext, temperature_of
+from contrastive_jax.training.augmentations import two_views_each
+from contrastive_jax.training.methods.base import (
+    Method,
+    MethodContext,
+    example_keys,
+    temperature_of,
+)
+from contrastive_jax.training.models.dropout import fold_each
 from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
@@ -25,14 +29,18 @@ class SimCLR(Method):
     name = "simclr"
     losses = ("nt_xent",)
 
-    def loss(self, model, batch, rng, extra, ctx: MethodContext):
-        x = batch[ctx.input_key]
-        aug_key, dropout_key = jax.random.split(rng)
-        v1, v2 = two_views(x, aug_key, ctx.augment)
+    def embed(self, model, batch, keys, ctx: MethodContext):
+        aug_keys, dropout_keys = example_keys(keys)
+        v1, v2 = two_views_each(batch[ctx.input_key], aug_keys, ctx.augment)
+        n = v1.shape[0]
         z, h = model(jnp.concatenate([v1, v2]), train=True,
-                     rngs=nnx.Rngs(dropout=dropout_key))
-        n = x.shape[0]
-        z1, z2 = z[:n], z[n:]
+                     dropout_keys=jnp.concatenate([fold_each(dropout_keys, 0),
+                                                   fold_each(dropout_keys, 1)]))
+        return {"z1": z[:n], "z2": z[n:], "h1": h[:n], "h2": h[n:]}
+
+    def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
+        z1, z2 = rows["z1"], rows["z2"]
+        n = z1.shape[0]
         tau, ids = temperature_of(model, ctx.loss), ctx.loss.ids(batch)
         if ctx.loss.strategy:
             loss = sharded_nt_xent(z1, z2, tau, mesh=ctx.mesh, strategy=ctx.loss.strategy,
@@ -40,6 +48,7 @@ class SimCLR(Method):
         else:
             loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl, normalize=ctx.loss.normalize,
                            positive_ids=ids, **ctx.loss.tiled_kwargs())
+        z = jnp.concatenate([z1, z2])
         m = first_anchors(n)
         anchors = jnp.arange(m)
         by_id = {} if ids is None else {"anchor_ids": ids[:m],
@@ -48,7 +57,7 @@ class SimCLR(Method):
             "top1": contrastive_top1(z1[:m], z, anchors + n, exclude=anchors,
                                      normalize=ctx.loss.normalize, **by_id),
             "embedding_norm": mean_norm(z),
-            "feature_norm": mean_norm(h),
+            "feature_norm": mean_norm(jnp.concatenate([rows["h1"], rows["h2"]])),
             "temperature": jnp.asarray(tau, jnp.float32),
         }
         if ids is None:  # log(2N-1) - L bounds MI only with one positive per anchor

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.dropout import fold_each
 from contrastive_jax.training.models.simclr import _encode
 
 
@@ -38,18 +39,19 @@ class DualEncoder(nnx.Module):
         self.embed_dim = embed_dim
 
     def __call__(self, sample: jax.Array, tokens: jax.Array, *, train: bool,
-                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
-        """``(x, y)`` embeddings ``(B, embed_dim)`` of the samples and the captions."""
-        return self.embed_samples(sample, train=train, rngs=rngs), self.embed_texts(
-            tokens, train=train, rngs=rngs)
+                 dropout_keys: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(x, y)`` embeddings ``(B, embed_dim)`` of the samples and the captions;
+        ``dropout_keys (B,)``: one key per pair (the towers fold in 0 and 1)."""
+        return (self.embed_samples(sample, train=train, dropout_keys=fold_each(dropout_keys, 0)),
+                self.embed_texts(tokens, train=train, dropout_keys=fold_each(dropout_keys, 1)))
 
     def embed_samples(self, sample: jax.Array, *, train: bool = False,
-                      rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.sample_proj(_encode(self.sample_encoder, sample, train, rngs))
+                      dropout_keys: jax.Array | None = None) -> jax.Array:
+        return self.sample_proj(_encode(self.sample_encoder, sample, train, dropout_keys))
 
     def embed_texts(self, tokens: jax.Array, *, train: bool = False,
-                    rngs: nnx.Rngs | None = None) -> jax.Array:
-        return self.text_proj(_encode(self.text_encoder, tokens, train, rngs))
+                    dropout_keys: jax.Array | None = None) -> jax.Array:
+        return self.text_proj(_encode(self.text_encoder, tokens, train, dropout_keys))
 
     def features(self, sample: jax.Array) -> jax.Array:
         """Frozen sample-tower representations (before the projection) for probes."""

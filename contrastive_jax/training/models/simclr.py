@@ -35,9 +35,10 @@ class SimCLR(nnx.Module):
                                    ) if learn_temperature else None
 
     def __call__(self, x: jax.Array, *, train: bool,
-                 rngs: nnx.Rngs | None = None) -> tuple[jax.Array, jax.Array]:
-        """``(z, h)``: projections ``(B, head.out_features)`` and representations."""
-        h = _encode(self.encoder, x, train, rngs)
+                 dropout_keys: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """``(z, h)``: projections ``(B, head.out_features)`` and representations;
+        ``dropout_keys (B,)``: one key per example for encoders with dropout."""
+        h = _encode(self.encoder, x, train, dropout_keys)
         return self.head(h, train=train), h
 
     def features(self, x: jax.Array) -> jax.Array:
@@ -45,8 +46,8 @@ class SimCLR(nnx.Module):
         return _encode(self.encoder, x, False, None)
 
 
-def _encode(encoder: nnx.Module, x: jax.Array, train: bool, rngs: nnx.Rngs | None):
-    # Transformers take dropout keys; conv nets have no dropout.
-    if "rngs" in inspect.signature(encoder.__call__).parameters:
-        return encoder(x, train=train, rngs=rngs)
+def _encode(encoder: nnx.Module, x: jax.Array, train: bool, dropout_keys: jax.Array | None):
+    # Transformers take per-example dropout keys; conv nets and MLPs have no dropout.
+    if "dropout_keys" in inspect.signature(encoder.__call__).parameters:
+        return encoder(x, train=train, dropout_keys=dropout_keys)
     return encoder(x, train=train)

@@ -7,6 +7,28 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.dropout import ExampleDropout, fold_each
+
+
+def attention(query: jax.Array, key: jax.Array, value: jax.Array, bias=None,
+              mask: jax.Array | None = None, **_) -> jax.Array:
+    """Scaled dot-product attention ``softmax(q k^T / sqrt(d)) v`` with the softmax in
+    ``promote_types(dtype, float32)``.
+
+    ``query (..., T, heads, d)``, ``key`` and ``value (..., S, heads, d)``, ``mask``
+    broadcastable to ``(..., heads, T, S)`` (True: attend). ``jax.nn.dot_product_attention``
+    (Flax's default) always takes the softmax in float32, which rounds a float64 model to
+    float32; here float64 stays float64 (the exactness tests of gradient accumulation rely on
+    it) and half precision is still promoted to float32.
+    """
+    del bias  # no additive bias in these towers (MultiHeadAttention passes None)
+    dtype = jnp.promote_types(query.dtype, jnp.float32)
+    logits = jnp.einsum("...qhd,...khd->...hqk", query, key).astype(dtype)
+    logits = logits / jnp.sqrt(jnp.asarray(query.shape[-1], dtype))
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(dtype).min)
+    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    return jnp.einsum("...hqk,...khd->...qhd", weights, value)
 
 
 class Block(nnx.Module):
@@ -16,24 +38,26 @@ class Block(nnx.Module):
                  rngs: nnx.Rngs):
         self.norm1 = nnx.LayerNorm(width, rngs=rngs)
         self.attention = nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs,
-                                                keep_rngs=False)
+                                                keep_rngs=False, attention_fn=attention)
         self.norm2 = nnx.LayerNorm(width, rngs=rngs)
         self.fc1 = nnx.Linear(width, mlp_ratio * width, rngs=rngs)
         self.fc2 = nnx.Linear(mlp_ratio * width, width, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = ExampleDropout(dropout)
 
     def __call__(self, x: jax.Array, mask: jax.Array | None, *, train: bool,
-                 rngs: nnx.Rngs | None) -> jax.Array:
+                 dropout_keys: jax.Array | None) -> jax.Array:
+        """``x (B, T, width)``; ``dropout_keys (B,)``: this block's per-example keys."""
         h = self.attention(self.norm1(x), mask=mask, deterministic=True)
-        x = x + self.dropout(h, deterministic=not train, rngs=rngs)
+        x = x + self.dropout(h, keys=fold_each(dropout_keys, 0), train=train)
         h = self.fc2(nnx.gelu(self.fc1(self.norm2(x))))
-        return x + self.dropout(h, deterministic=not train, rngs=rngs)
+        return x + self.dropout(h, keys=fold_each(dropout_keys, 1), train=train)
 
 
 class ViT(nnx.Module):
     """Vision Transformer: ``patch x patch`` patches, learned positions, mean-pooled tokens.
 
-    Input ``(B, H, W, C)``, output ``(B, features)``. Dropout needs ``rngs`` when ``train``.
+    Input ``(B, H, W, C)``, output ``(B, features)``. Dropout (``dropout > 0`` and ``train``)
+    needs ``dropout_keys``: one PRNG key per example (:mod:`.dropout`).
     """
 
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
@@ -51,14 +75,15 @@ class ViT(nnx.Module):
         self.out = nnx.Linear(width, features, rngs=rngs)
         self.image_size, self.in_channels, self.features = image_size, in_channels, features
 
-    def __call__(self, x: jax.Array, *, train: bool, rngs: nnx.Rngs | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array, *, train: bool,
+                 dropout_keys: jax.Array | None = None) -> jax.Array:
         if x.ndim != 4 or x.shape[1:] != (self.image_size, self.image_size, self.in_channels):
             raise ConfigError(f"ViT expects (batch, {self.image_size}, {self.image_size}, "
                              f"{self.in_channels}) images; got shape {x.shape}")
         h = self.embed(x)
         h = h.reshape(h.shape[0], -1, h.shape[-1]) + self.positions[...]
-        for block in self.blocks:
-            h = block(h, None, train=train, rngs=rngs)
+        for depth, block in enumerate(self.blocks):
+            h = block(h, None, train=train, dropout_keys=fold_each(dropout_keys, depth))
         return self.out(jnp.mean(self.norm(h), axis=1))
 
 
@@ -82,7 +107,7 @@ class TextTransformer(nnx.Module):
         self.vocab_size, self.max_tokens, self.features = vocab_size, max_tokens, features
 
     def __call__(self, tokens: jax.Array, *, train: bool,
-                 rngs: nnx.Rngs | None = None) -> jax.Array:
+                 dropout_keys: jax.Array | None = None) -> jax.Array:
         if tokens.ndim != 2 or tokens.shape[1] != self.max_tokens:
             raise ConfigError(f"TextTransformer expects (batch, {self.max_tokens}) token ids; "
                              f"got shape {tokens.shape}")
@@ -90,8 +115,10 @@ class TextTransformer(nnx.Module):
             raise ConfigError(f"token ids must be integers; got {tokens.dtype}")
         real = tokens != 0
         mask = real[:, None, None, :]  # (B, heads, query, key): attend to real tokens only
-        h = self.tokens(tokens) + self.positions[...]
-        for block in self.blocks:
-            h = block(h, mask, train=train, rngs=rngs)
+        # the lookup in the table's own dtype (nnx.Embed casts to the dtype it was built with,
+        # which would turn a float64 model's gradient sums into float32 ones)
+        h = jnp.take(self.tokens.embedding[...], tokens, axis=0) + self.positions[...]
+        for depth, block in enumerate(self.blocks):
+            h = block(h, mask, train=train, dropout_keys=fold_each(dropout_keys, depth))
         h = self.norm(h) * real[..., None]
         return self.out(h.sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1))

@@ -1,0 +1,214 @@
+"""Exact gradient accumulation: K micro-batches give the gradient of the global-batch loss.
+
+Every method (CLIP with a learned log-scale, SigLIP with scale and bias, SimCLR, MoCo) on
+Transformer towers with dropout > 0 and augmentations on, in float64: the gradient of every
+parameter (log-scale and bias included) and the updated parameters with K in {2, 4, 8} equal
+K = 1 on the same global batch to 1e-12 relative, on 1 and 8 devices, with the dense, tiled and
+ring losses. A naive accumulation (the mean of the micro-batches' own losses) differs by more
+than 1%, so these tests can fail.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.mesh import make_mesh
+from contrastive_jax.training import train
+from contrastive_jax.training.accumulation import (
+    check_accumulation,
+    from_micro_batches,
+    step_gradients,
+    to_micro_batches,
+)
+from contrastive_jax.training.config import base_config
+from contrastive_jax.training.methods import method_for
+from contrastive_jax.training.train_state import create_state
+
+B, TOKENS, VOCAB = 64, 6, 24
+VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 1,
+       "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16}
+TEXT = {"name": "text_transformer", "vocab_size": VOCAB, "max_tokens": TOKENS, "width": 16,
+        "depth": 1, "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16}
+
+
+def make_config(method: str, **loss) -> ml_collections.ConfigDict:
+    config = base_config()
+    config.data = {"batch_size": B}
+    config.input_key, config.text_key = "image", "caption"
+    # random crops, flips and noise (a few ops: each compiles into every program)
+    config.augment = {"kind": "image", "resized_crop": 0.4, "flip": 0.5, "noise": 0.05}
+    if method in ("clip", "siglip"):
+        config.model = {"name": "dual_encoder", "sample_encoder": VIT, "text_encoder": TEXT,
+                        "embed_dim": 8, "siglip": method == "siglip"}
+        if method == "siglip":  # a bias near the data's scale, so its gradient is not tiny
+            config.model.init_bias = -1.0
+    else:  # no BatchNorm in the head: BN statistics are per micro-batch by definition
+        config.model = {"name": method, "encoder": VIT, "learn_temperature": True,
+                        "head": {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}}
+        if method == "moco":
+            config.model.queue_size = 2 * B
+    config.method = method
+    config.loss = {"name": {"clip": "clip", "siglip": "siglip", "simclr": "nt_xent",
+                            "moco": "moco"}[method], "temperature": 0.2, **loss}
+    config.optimizer = {"name": "adamw", "learning_rate": 1e-2, "warmup_steps": 0,
+                        "weight_decay": 0.1}
+    return config
+
+
+def float64(tree):
+    return jax.tree.map(lambda a: a.astype(jnp.float64)
+                        if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+def make_batch(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, VOCAB, (B, TOKENS))
+    tokens[:, 4:] *= rng.integers(0, 2, (B, 1))  # some captions padded
+    return {"image": rng.uniform(0, 1, (B, 8, 8, 1)), "caption": tokens.astype(np.int32),
+            "label": rng.integers(0, 4, B).astype(np.int32)}
+
+
+def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
+    config = make_config(method, **loss)
+    config.optimizer.update(optimizer or {})
+    mesh = make_mesh({"data": devices}, jax.devices()[:devices])
+    m = method_for(config)
+    graphdef, state, tx = create_state(config, 10, m)
+    ctx = train.make_context(config, mesh, graphdef)
+    return config, mesh, m, graphdef, float64(state), tx, ctx
+
+
+def gradients(method: str, devices: int, ks, **loss):
+    """``{K: (loss, grads)}`` of one step on the same float64 state and batch."""
+    _, mesh, m, graphdef, state, _, ctx = setup(method, devices, **loss)
+    batch = jax.device_put(make_batch(), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec("data")))
+    keys = jax.random.split(jax.random.key(7), B)
+    out = {}
+    for k in ks:
+        fn = jax.jit(lambda p, r, b, kk, e, k=k: step_gradients(
+            p, r, b, kk, e, graphdef=graphdef, method=m, ctx=ctx, accumulation_steps=k)[:2])
+        out[k] = fn(state.params, state.rest, batch, keys, state.extra)
+    return out
+
+
+def assert_same_gradients(got, want, rtol=1e-12):
+    (loss, grads), (want_loss, want_grads) = got, want
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=rtol)
+    flat, want_flat = (jax.tree_util.tree_leaves_with_path(g) for g in (grads, want_grads))
+    scale = max(float(jnp.max(jnp.abs(g))) for _, g in want_flat)
+    for (path, g), (_, w) in zip(flat, want_flat, strict=True):
+        # each leaf to 1e-12 of its own size, and of the largest gradient for leaves near 0
+        err = float(jnp.max(jnp.abs(g - w)))
+        assert err <= rtol * max(float(jnp.max(jnp.abs(w))), 1e-3 * scale), (
+            jax.tree_util.keystr(path), err, float(jnp.max(jnp.abs(w))))
+
+
+@pytest.mark.parametrize("method", ["clip", "siglip", "simclr", "moco"])
+@pytest.mark.parametrize("devices", [1, 8])
+def test_accumulated_gradient_equals_one_batch(method, devices):
+    """K = 2 and 8 on 8 devices (K = 8: one row per device per micro-batch), K = 4 on one,
+    against K = 1 in float64; the loss's own parameters (log-scale, bias) are in the tree and
+    nonzero. (Each K is a program to compile: these cover 2, 4 and 8 in ~1 minute.)"""
+    ks = (1, 2, 8) if devices == 8 else (1, 4)
+    with jax.enable_x64(True):
+        out = gradients(method, devices, ks)
+        grads = out[1][1]
+        assert abs(float(grads["log_scale"])) > 1e-6
+        if method == "siglip":
+            assert abs(float(grads["bias"])) > 1e-6
+        for k in ks[1:]:
+            assert_same_gradients(out[k], out[1])
+
+
+@pytest.mark.parametrize("method,loss", [
+    ("clip", {"strategy": "ring", "positive_ids": "label"}),
+    ("siglip", {"strategy": "ring", "block_size": 4}),
+    ("simclr", {"impl": "tiled", "block_size": 8, "positive_ids": "label"}),
+])
+def test_accumulation_with_tiled_and_ring_losses(method, loss):
+    """The global loss of pass 2 may be any impl or sharded strategy (8 devices)."""
+    with jax.enable_x64(True):
+        out = gradients(method, 8, (1, 4), **loss)
+        assert_same_gradients(out[4], out[1])
+
+
+def test_updated_parameters_and_state_equal():
+    """Through the whole train step (optimiser, log-scale clamp, MoCo's queue and momentum
+    update): the new state with K = 4 equals K = 1, each leaf to 1e-12 of its size plus 1e-12
+    of the largest update. (SGD with momentum and weight decay for the encoders: Adam divides
+    by sqrt(v), so a leaf whose exact gradient is 0, the attention's key bias, would move by
+    rounding noise / eps.)"""
+    with jax.enable_x64(True):
+        _, mesh, m, graphdef, state, tx, ctx = setup(
+            "moco", 8, optimizer={"name": "sgd", "weight_decay": 1e-3})
+        batch = jax.device_put(make_batch(1), jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec("data")))
+        new = {}
+        for k in (1, 4):
+            step = jax.jit(lambda s, b, k=k: train.train_step(
+                s, b, graphdef=graphdef, tx=tx, method=m, ctx=ctx, accumulation_steps=k))
+            new[k], _ = step(state, batch)
+        moves = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), new[1].params,
+                             state.params)
+        atol = 1e-12 * max(jax.tree.leaves(moves))
+        for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(new[4]),
+                                jax.tree.leaves(new[1]), strict=True):
+            if jnp.issubdtype(a.dtype, jnp.floating):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12,
+                                           atol=atol, err_msg=jax.tree_util.keystr(path))
+            else:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        moved = new[1].params["head"]["out"]["kernel"] - state.params["head"]["out"]["kernel"]
+        assert float(jnp.max(jnp.abs(moved))) > 1e-4  # the step did something
+
+
+def test_naive_accumulation_differs():
+    """The mean of the K micro-batches' own losses (each seeing only its own negatives) is
+    another objective: its gradient differs from the global one by more than 1%."""
+    with jax.enable_x64(True):
+        _, _, m, graphdef, state, _, ctx = setup("clip", 1)
+        batch, keys = make_batch(), jax.random.split(jax.random.key(7), B)
+        grad = jax.jit(lambda b, kk, k: step_gradients(
+            state.params, state.rest, b, kk, state.extra, graphdef=graphdef, method=m,
+            ctx=ctx, accumulation_steps=k)[1], static_argnums=2)
+        exact = grad(batch, keys, 4)
+        parts = to_micro_batches((batch, keys), 4, 1)
+        naive = jax.tree.map(jnp.zeros_like, exact)
+        for i in range(4):
+            g = grad(*jax.tree.map(lambda a, i=i: a[i], parts), 1)
+            naive = jax.tree.map(lambda a, b: a + b / 4, naive, g)
+        diff = optax_norm(jax.tree.map(jnp.subtract, naive, exact)) / optax_norm(exact)
+        assert diff > 0.01, diff
+
+
+def optax_norm(tree):
+    return float(jnp.sqrt(sum(jnp.sum(a * a) for a in jax.tree.leaves(tree))))
+
+
+def test_micro_batches_are_spread_over_the_devices():
+    """Micro-batch k holds rows k m .. (k+1) m - 1 of each device's shard, and the inverse
+    restores the global order."""
+    rows = np.arange(32)
+    parts = np.asarray(to_micro_batches(jnp.asarray(rows), 4, 2))
+    assert parts.shape == (4, 8)
+    np.testing.assert_array_equal(parts[0], [0, 1, 2, 3, 16, 17, 18, 19])
+    np.testing.assert_array_equal(parts[3], [12, 13, 14, 15, 28, 29, 30, 31])
+    np.testing.assert_array_equal(np.asarray(from_micro_batches(jnp.asarray(parts), 2)), rows)
+
+
+def test_bad_accumulation_settings_fail_before_compiling():
+    with pytest.raises(ConfigError, match="accumulation_steps = 3 does not divide the global "
+                                          "batch 32"):
+        check_accumulation(32, 3, 8)
+    with pytest.raises(ConfigError, match=r"micro-batches of 4 rows, not divisible by the 8 "
+                                          r"data devices"):
+        check_accumulation(32, 8, 8)
+    with pytest.raises(ConfigError, match="integer >= 1; got 0"):
+        check_accumulation(32, 0, 1)
+    with pytest.raises(ConfigError, match=r"integer >= 1; got 2\.0"):
+        check_accumulation(32, 2.0, 1)
+    assert check_accumulation(32, 4, 8) == 4
