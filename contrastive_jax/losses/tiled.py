@@ -45,9 +45,9 @@ from contrastive_jax.losses.transport import Transport, gathered, visit
 
 Array = jax.Array
 
-# Rows per tile. On 2 CPU cores at N = 16384, d = 512 (experiments/results/block_sweep.md),
-# blocks of 512, 1024 and 2048 ran within run-to-run noise of each other; 256-wide tiles were
-# clearly slower and full-height strips slower at large N. 1024 keeps a tile at 4 MB of float32.
+# Rows per tile. On 2 CPU cores, CLIP at N = 16384, d = 512 (experiments/results/block_sweep.md):
+# 1024 ran in 3.1 s against 3.9 s for 512 and 3.4 s for 2048 (whose tiles add 40 MB of
+# scratch). 1024 keeps a tile at 4 MB of float32.
 DEFAULT_BLOCK_SIZE = 1024
 
 

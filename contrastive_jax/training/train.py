@@ -208,9 +208,12 @@ def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
     state, resumed = checkpoints.restore_latest(ckpt, state, stream)
     first = int(state.step)
     progress = Progress(workdir, steps, config.data.batch_size, config.log_every, first)
+    k = config.get("accumulation_steps", 1)
+    micro = f" ({k} micro-batches of {config.data.batch_size // k})" if k > 1 else ""
     progress.message(f"{'resumed from step ' + str(resumed) if resumed is not None else 'start'}"
-                     f": {steps} steps of {config.data.batch_size} on {mesh.devices.size} "
-                     f"devices ({jax.process_count()} processes), workdir {workdir}")
+                     f": {steps} steps of {config.data.batch_size}{micro} on "
+                     f"{mesh.devices.size} devices ({jax.process_count()} processes), "
+                     f"workdir {workdir}")
     step_fn = run.step_fn(state)
     history, metrics, eval_time = [], {}, 0.0
     train_start = time.perf_counter()  # reset after the first step: excludes compilation
@@ -268,6 +271,7 @@ def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
         "steps": steps,
         "resumed_from": resumed,
         "global_batch": config.data.batch_size,
+        "accumulation_steps": config.get("accumulation_steps", 1),
         "devices": int(mesh.devices.size),
         "processes": jax.process_count(),
         "train_time_s": round(train_time, 2),
