@@ -16,8 +16,10 @@ def masked_logsumexp(logits: Array, mask: Array, axis: int = -1) -> Array:
     """``log sum_{j in mask} exp(logits_j)`` along ``axis``, max-shifted (derivations.md §6.1).
 
     An empty mask gives ``-inf`` with a zero (not NaN) gradient; ``-inf`` logits are allowed and
-    contribute nothing. The shift is under ``stop_gradient``: the result does not depend on it,
-    so the gradient is exactly the masked softmax.
+    contribute nothing. A NaN among the masked logits gives NaN (never the empty row's
+    ``-inf``, which would let the NaN vanish from the loss). The shift is under
+    ``stop_gradient``: the result does not depend on it, so the gradient is exactly the masked
+    softmax.
     """
     masked = jnp.where(mask, logits, -jnp.inf)
     shift = jnp.max(masked, axis=axis, keepdims=True)
@@ -25,7 +27,8 @@ def masked_logsumexp(logits: Array, mask: Array, axis: int = -1) -> Array:
     # exp of -inf (not of a masked-out finite value) so that no inf * 0 reaches the gradient.
     total = jnp.sum(jnp.exp(jnp.where(mask, logits - shift, -jnp.inf)), axis=axis, keepdims=True)
     nonempty = total > 0
-    lse = jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + shift, -jnp.inf)
+    empty = jnp.where(jnp.isnan(total), jnp.nan, -jnp.inf)
+    lse = jnp.where(nonempty, jnp.log(jnp.where(nonempty, total, 1.0)) + shift, empty)
     return jnp.squeeze(lse, axis=axis)
 
 

@@ -200,14 +200,16 @@ def put(stats, part, start: Array):
 
 
 def _log(total: Array) -> Array:
-    return jnp.log(jnp.where(total > 0, total, 1.0))
+    """``log(total)``, 0 for an empty set; a NaN total stays NaN (never the empty set's 0)."""
+    return jnp.log(jnp.where(total == 0, 1.0, total))
 
 
 def gap(stats: Stats) -> Array:
     """``t = lse_negatives - lse_positives`` per anchor (``-inf`` without negatives), formed
-    from the differences of the shifts first so that it is exact when they are close."""
+    from the differences of the shifts first so that it is exact when they are close. A NaN
+    anywhere in an anchor's logits makes its totals, hence ``t`` and its loss, NaN."""
     t = (stats.neg.shift - stats.pos.shift) + (_log(stats.neg.total) - _log(stats.pos.total))
-    return jnp.where(stats.neg.total > 0, t, -jnp.inf)
+    return jnp.where(stats.neg.total == 0, -jnp.inf, t)
 
 
 def row_losses(stats: Stats) -> Array:

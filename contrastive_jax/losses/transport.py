@@ -69,7 +69,8 @@ def _reduce_stats(stacked, tr: Transport):
     def one(part: Normaliser) -> Normaliser:
         shift = lax.pmax(part.shift, tr.axis_name)
         safe = jnp.where(jnp.isfinite(shift), shift, 0.0)
-        total = lax.psum(jnp.where(part.total > 0, part.total * jnp.exp(part.shift - safe), 0.0),
+        # an empty part adds 0; a NaN total (a NaN logit) stays NaN
+        total = lax.psum(jnp.where(part.total == 0, 0.0, part.total * jnp.exp(part.shift - safe)),
                          tr.axis_name)
         me = lax.axis_index(tr.axis_name)
         return Normaliser(*(lax.dynamic_index_in_dim(a, me, keepdims=False)
