@@ -11,7 +11,6 @@ includes data loading and logging), and the ETA extrapolates it to the remaining
 from __future__ import annotations
 
 import datetime
-import json
 import pathlib
 import sys
 import time
@@ -19,6 +18,8 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
+
+from contrastive_jax.training import json_output
 
 CONSOLE_KEYS = (("loss", "loss", "{:.4f}"), ("top1", "top1", "{:.3f}"),
                 ("mi_bound", "mi", "{:.2f}"), ("logit_scale", "scale", "{:.2f}"),
@@ -78,7 +79,7 @@ class Progress:
         record = {"step": step, "prefix": prefix,
                   "wall_s": round(time.perf_counter() - self.start_time, 3),
                   **{k: float(v) for k, v in values.items()}}
-        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.write(json_output.dumps(record) + "\n")
         self._jsonl.flush()
 
     def message(self, text: str) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import pathlib
 import time
@@ -46,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
-from contrastive_jax.training import checkpoints
+from contrastive_jax.training import checkpoints, json_output
 from contrastive_jax.training.accumulation import check_accumulation, step_gradients
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.evaluation.frozen_model import evaluate
@@ -284,7 +283,7 @@ def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
     }
     results.update(run.method.results(run.source, config))
     if jax.process_index() == 0:
-        (workdir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        json_output.write_atomic(workdir / "results.json", results)
     summary = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "linear_probe_l2")
     progress.message(f"done in {results['wall_time_s']:.0f} s"
                      f"{': ' + summary if summary else ''} -> {workdir / 'results.json'}")

@@ -1,0 +1,49 @@
+"""The JSON a run writes: strict (no bare ``NaN``) and, for whole files, atomic.
+
+``results.json`` is written to a temporary file in the same directory, flushed to disk and
+renamed over the old one, so a kill during the write leaves the previous file or the new one,
+never a truncated one. Non-finite floats (a diverged metric) become ``null``: Python's ``json``
+would write bare ``NaN`` / ``Infinity``, which strict JSON readers reject.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float (Python or NumPy scalar) replaced by ``None``."""
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # NumPy / JAX scalars
+        return strict(value.item())
+    return value
+
+
+def dumps(value: Any, **kwargs) -> str:
+    """``json.dumps`` of :func:`strict` ``(value)``; never emits ``NaN`` or ``Infinity``."""
+    return json.dumps(strict(value), allow_nan=False, **kwargs)
+
+
+def write_atomic(path: str | os.PathLike, value: Any) -> None:
+    """Write ``value`` as indented strict JSON to ``path`` atomically (temporary file + rename)."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(dumps(value, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
