@@ -175,6 +175,13 @@ def test_bad_configs_say_what_to_change(mnist1d_test):
         train_dataset(mnist1d_test, global_batch_size=2000, seed=0, shard=HostShard(0, 1))
     with pytest.raises(ValueError, match="8"):  # 12 rows over 8 devices
         next(train_iterator(config_for(batch_size=12), mesh))
+    # the evaluation batch is checked when the training stream is built (before any training),
+    # and the message names the evaluation field
+    with pytest.raises(ConfigError, match=r"data.eval_batch_size must be a positive integer; "
+                                          r"got 0"):
+        train_iterator(config_for(batch_size=8, eval_batch_size=0), mesh)
+    with pytest.raises(ConfigError, match="process count 3; change data.eval_batch_size"):
+        eval_dataset(mnist1d_test, global_batch_size=8, shard=HostShard(0, 3))
 
 
 def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):

@@ -85,11 +85,13 @@ class HostShard:
             raise ConfigError(f"process index {self.index} not in [0, {self.count})")
 
 
-def per_host_batch_size(global_batch_size: int, shard: HostShard) -> int:
-    """``global_batch_size / shard.count``; a ValueError naming both when it does not divide."""
+def per_host_batch_size(global_batch_size: int, shard: HostShard,
+                        field: str = "data.batch_size") -> int:
+    """``global_batch_size / shard.count``; a ConfigError naming both, and the config ``field``
+    to change, when it does not divide."""
     if global_batch_size < 1 or global_batch_size % shard.count:
         raise ConfigError(f"global batch size {global_batch_size} must be a positive multiple "
-                         f"of the process count {shard.count}; change data.batch_size")
+                         f"of the process count {shard.count}; change {field}")
     return global_batch_size // shard.count
 
 
@@ -221,7 +223,7 @@ def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = No
     positions past the end are zero examples with ``mask = False``.
     """
     shard = shard or HostShard.from_jax()
-    local = per_host_batch_size(global_batch_size, shard)
+    local = per_host_batch_size(global_batch_size, shard, "data.eval_batch_size")
     preprocess = preprocess or standard_preprocess()
     n = len(source)
     padded = math.ceil(n / global_batch_size) * global_batch_size
@@ -278,4 +280,9 @@ def _checked(config: Any) -> ml_collections.ConfigDict:
     if unknown:
         raise ConfigError(f"unknown data config fields {unknown}; valid: {sorted(valid.keys())}")
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-    return ml_collections.ConfigDict({**valid.to_dict(), **given})
+    checked = ml_collections.ConfigDict({**valid.to_dict(), **given})
+    for field in ("batch_size", "eval_batch_size"):  # both checked before any training
+        size = checked[field]
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"data.{field} must be a positive integer; got {size!r}")
+    return checked
