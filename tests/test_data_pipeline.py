@@ -180,7 +180,7 @@ def test_bad_configs_say_what_to_change(mnist1d_test):
     with pytest.raises(ConfigError, match=r"data.eval_batch_size must be a positive integer; "
                                           r"got 0"):
         train_iterator(config_for(batch_size=8, eval_batch_size=0), mesh)
-    with pytest.raises(ConfigError, match="process count 3; change data.eval_batch_size"):
+    with pytest.raises(ConfigError, match=r"process count 3; change data\.eval_batch_size"):
         eval_dataset(mnist1d_test, global_batch_size=8, shard=HostShard(0, 3))
 
 
