@@ -38,4 +38,9 @@ class CheckpointError(ContrastiveJaxError, RuntimeError):
 
 
 class NonFiniteError(ContrastiveJaxError, RuntimeError):
-    """Too many consecutive steps with a non-finite loss or gradient."""
+    """Too many consecutive steps with a non-finite loss, gradient or update: the last of them
+    is ``step``, and there were ``in_a_row`` (None when unknown)."""
+
+    def __init__(self, message: str, *, step: int | None = None, in_a_row: int | None = None):
+        super().__init__(message)
+        self.step, self.in_a_row = step, in_a_row

@@ -100,7 +100,18 @@ def quick(**overrides):
     return config
 
 
-def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+def _set_aside(workdir) -> list[str]:
+    folder = Path(workdir) / "checkpoints_set_aside"
+    return sorted(p.name.rsplit("-", 1)[0] for p in folder.iterdir()) if folder.exists() else []
+
+
+def _saved_steps(workdir) -> list[int]:
+    return sorted(int(p.name) for p in (Path(workdir) / "checkpoints").iterdir()
+                  if p.name.isdigit())
+
+
+def test_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restored(tmp_path,
+                                                                                capsys):
     train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
     latest = tmp_path / "checkpoints" / "6" / "state"
     for path in latest.rglob("*"):  # corrupt every data file of the newest checkpoint
@@ -108,7 +119,57 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
             path.write_bytes(b"\0" * 7)
     results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
                                        str(tmp_path))
-    assert "checkpoint 6" in capsys.readouterr().out and results["resumed_from"] == 3
+    out = capsys.readouterr().out
+    assert "checkpoint 6" in out and "moved aside" in out and results["resumed_from"] == 3
+    assert _set_aside(tmp_path) == ["6-damaged"]  # kept for inspection, not deleted
+    assert _saved_steps(tmp_path) == [3, 6, 8]  # step 6 saved again by the rerun
+    # the workdir is not stuck: the next run resumes from the new checkpoint
+    again = train.train_and_evaluate(quick(total_steps=10, checkpoint_every=3), str(tmp_path))
+    assert again["resumed_from"] == 8
+
+
+def test_non_finite_newest_checkpoint_is_moved_aside(tmp_path, capsys):
+    import jax
+    import orbax.checkpoint as ocp
+
+    from contrastive_jax.training import checkpoints
+
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    config = quick(total_steps=12, checkpoint_every=3)
+    run, state = train.prepare_run(config, tmp_path)
+    manager = checkpoints.manager(tmp_path, every=1, keep=5)
+    state, step = checkpoints.restore_latest(manager, state, run.stream)
+    assert step == 6 and bool(checkpoints.all_finite(state))
+    poisoned = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+    assert not bool(checkpoints.all_finite(poisoned))
+    manager.save(9, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(poisoned), data=grain.checkpoint.CheckpointSave(run.stream)))
+    manager.wait_until_finished()
+    manager.close()
+    capsys.readouterr()
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert "checkpoint 9" in capsys.readouterr().out and results["resumed_from"] == 6
+    assert _set_aside(tmp_path) == ["9-non-finite"]
+
+
+def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_before(
+        tmp_path):
+    """lr = 1e30 from a good checkpoint: every update overflows the parameters and is skipped;
+    the run stops, moving aside the checkpoints from the step whose parameters led to the
+    skipped steps. With the rate fixed, the rerun resumes from the last good one, not from
+    a poisoned one."""
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    bad = quick(total_steps=30, checkpoint_every=3, max_skipped_in_a_row=3)
+    bad.optimizer.learning_rate = 1e30
+    with pytest.raises(train.NonFiniteError, match=r"step 9: .*3 steps in a row.*steps >= 6 "
+                                                   r"hold the parameters.*moved to") as caught:
+        train.train_and_evaluate(bad, str(tmp_path))
+    assert (caught.value.step, caught.value.in_a_row) == (9, 3)
+    assert _set_aside(tmp_path) == ["6-diverged", "9-diverged"]
+    assert _saved_steps(tmp_path) == [3]
+    results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
+                                       str(tmp_path))
+    assert results["resumed_from"] == 3
 
 
 def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_path):
@@ -150,8 +211,8 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
     config.total_steps = 12
     config.max_skipped_in_a_row = 3
     config.optimizer.learning_rate = 1e30  # the first update sends the weights to infinity
-    with pytest.raises(train.NonFiniteError, match=r"step \d+: .* 3 steps in a row"):
-        train.train_and_evaluate(config, str(tmp_path))
+    with pytest.raises(train.NonFiniteError, match=r"step 3: .* 3 steps in a row"):
+        train.train_and_evaluate(config, str(tmp_path))  # every update refused: steps 1-3
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -165,6 +226,8 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
      "loss.temperature must be > 0; got nan"),
     (["--config=configs/no_such_config.py"], "could not be loaded: .*No such file"),
     (["--workdir="], "--workdir is empty"),
+    (["--config.optimizer.learning_rate=nan"], "learning_rate must be a finite .* got nan"),
+    (["--config.optimizer.learning_rate=inf"], "learning_rate must be a finite .* got inf"),
 ])
 def test_user_errors_exit_2_with_one_paragraph(tmp_path, argv, message):
     import re

@@ -6,14 +6,22 @@ MoCo key encoder and queue), ``data`` the grain iterator's position (one JSON fi
 process). Saves are asynchronous (the next steps run while the files are written), happen
 every ``checkpoint_every`` steps and at the end, and the last ``keep_checkpoints`` are kept. A
 run started with a workdir that holds checkpoints resumes from the latest one.
+
+A checkpoint that cannot be restored (damaged files) or holds non-finite numbers is moved aside
+to ``workdir/checkpoints_set_aside/<step>-<reason>-<time>`` (never deleted) and the previous one
+is restored; so are the checkpoints a diverged run saved from the step whose parameters led to
+the non-finite steps (:func:`set_aside_from`). Only process 0 moves files.
 """
 
 from __future__ import annotations
 
 import pathlib
+import shutil
+import time
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from contrastive_jax.errors import CheckpointError, ConfigError
@@ -38,21 +46,67 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
         data=grain.checkpoint.CheckpointSave(data_iterator)), force=force)
 
 
+SET_ASIDE = "checkpoints_set_aside"
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point number in ``tree`` is finite (a boolean scalar)."""
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> list[str]:
+    """Move the step folders ``steps`` of ``mgr`` to ``<workdir>/checkpoints_set_aside/
+    <step>-<reason>-<unix time>`` (process 0; a warning each) and reload ``mgr``. Returns the
+    new paths. The files are kept for inspection; delete them when done."""
+    moved = []
+    root = pathlib.Path(mgr.directory)
+    if jax.process_index() == 0:
+        for step in sorted(steps):
+            source = root / str(step)
+            if not source.exists():
+                continue
+            target = root.parent / SET_ASIDE / f"{step}-{reason}-{int(time.time())}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target))
+            moved.append(str(target))
+            warn(f"warning: checkpoint {step} ({reason}) moved aside to {target}")
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("contrastive_jax: checkpoints set aside")
+    mgr.reload()
+    return moved
+
+
+def set_aside_from(mgr: ocp.CheckpointManager, first: int, reason: str, *,
+                   warn=print) -> list[str]:
+    """:func:`set_aside` every checkpoint of step ``>= first`` (after the pending saves end):
+    a run that stopped on non-finite steps ``first + 1, ...`` saved the parameters that led to
+    them at ``first`` and the same parameters later (skipped steps change nothing)."""
+    mgr.wait_until_finished()
+    return set_aside(mgr, [s for s in mgr.all_steps() if s >= first], reason, warn=warn)
+
+
 def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                    warn=print):
     """``(state, step)`` from the newest restorable checkpoint (the iterator is restored in
     place), or ``(state_template, None)`` when there is none.
 
     ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint that
-    cannot be read (truncated, corrupted) is skipped with a warning and the previous one is
-    tried. If none can be read: :class:`CheckpointError`, which says whether the checkpoints
-    hold a model of a different shape (a different config) or are all damaged.
+    cannot be read (truncated, corrupted) or holds a non-finite number is moved aside
+    (:func:`set_aside`, with a warning) and the previous one is tried, so a rerun never meets
+    it again. If none can be read: :class:`CheckpointError`, which says whether the
+    checkpoints hold a model of a different shape (a different config; nothing is moved) or
+    are all damaged.
     """
     steps = sorted(mgr.all_steps(), reverse=True)
     if not steps:
         return state_template, None
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
-    failures = []
+    failures, damaged = [], []
     for step in steps:
         try:
             restored = mgr.restore(step, args=ocp.args.Composite(
@@ -63,8 +117,20 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
             warn(f"warning: checkpoint {step} in {mgr.directory} cannot be restored "
                  f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
                  "trying the previous one")
+            damaged.append((step, "damaged"))
             continue
+        if not bool(all_finite(restored["state"])):
+            warn(f"warning: checkpoint {step} in {mgr.directory} holds non-finite numbers; "
+                 "trying the previous one")
+            damaged.append((step, "non-finite"))
+            continue
+        for reason in ("damaged", "non-finite"):
+            set_aside(mgr, [s for s, r in damaged if r == reason], reason, warn=warn)
         return restored["state"], step
+    if not failures:
+        raise CheckpointError(
+            f"every checkpoint in {mgr.directory} (steps {steps}) holds non-finite numbers (a "
+            "diverged run). Move them away or use a new --workdir to start over.")
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
 
 

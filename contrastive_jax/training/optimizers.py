@@ -73,8 +73,8 @@ def schedule(peak: float, total_steps: int, warmup_steps: int,
     if not 0 <= warmup_steps < total_steps:
         raise ConfigError(f"warmup_steps must lie in [0, total_steps={total_steps}); "
                          f"got {warmup_steps}")
-    if peak <= 0:
-        raise ConfigError(f"learning_rate must be > 0; got {peak}")
+    if not 0 < peak < math.inf:  # nan fails both comparisons
+        raise ConfigError(f"learning_rate must be a finite number > 0; got {peak}")
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup_steps, total_steps,
                                               end_value=end_fraction * peak)
 

@@ -82,8 +82,10 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     example draws the same randomness in any micro-batch. The gradient is that of the
     global-batch loss, with ``accumulation_steps = K`` micro-batches exactly as with one
     (:func:`~contrastive_jax.training.accumulation.step_gradients`). A non-finite loss or
-    gradient skips the update (the step counter, ``skipped`` and ``skipped_in_a_row`` advance,
-    nothing else changes).
+    gradient, or updated parameters whose float32 norm overflows (an update that sent them
+    past ~1e19: a learning rate of 1e30, say), skips the update (the step counter, ``skipped``
+    and ``skipped_in_a_row`` advance, nothing else changes), so the state, and every
+    checkpoint of it, only ever holds finite parameters.
     """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     keys = jax.random.split(rng, jax.tree.leaves(batch)[0].shape[0])
@@ -95,7 +97,8 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     extra = method.after_update(extra, params, outputs, ctx)
     new = state.replace(params=params, rest=rest, opt_state=opt_state, extra=extra)
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(optax.tree.norm((params, rest))))
     new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, state)
     new = new.replace(step=state.step + 1,
                       skipped=state.skipped + (~finite).astype(jnp.int32),
@@ -112,9 +115,10 @@ def _check_finite(step: int, in_a_row, limit: int) -> None:
     in_a_row = int(in_a_row)
     if limit and in_a_row >= limit:
         raise NonFiniteError(
-            f"step {step}: the loss or gradient was non-finite for {in_a_row} steps in a row "
-            f"(each update skipped); stopping. Lower the learning rate, check the data, or "
-            f"raise max_skipped_in_a_row (now {limit}).")
+            f"step {step}: the loss, gradient or updated parameters were non-finite for "
+            f"{in_a_row} steps in a row (each update skipped); stopping. Lower the learning "
+            f"rate, check the data, or raise max_skipped_in_a_row (now {limit}).",
+            step=step, in_a_row=in_a_row)
 
 
 def make_context(config, mesh: Mesh, graphdef) -> MethodContext:
@@ -195,6 +199,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                   keep=config.keep_checkpoints)
     try:
         return _train(run, state, manager)
+    except NonFiniteError as err:  # its checkpoints may hold the parameters that diverged
+        first = err.step - err.in_a_row
+        try:
+            moved = checkpoints.set_aside_from(manager, first, "diverged")
+        finally:
+            manager.close()
+        if not moved:
+            raise
+        raise NonFiniteError(
+            f"{err} The checkpoints of steps >= {first} hold the parameters that led there; "
+            f"they were moved to {pathlib.Path(moved[0]).parent}, so the next run resumes from "
+            "the one before.", step=err.step, in_a_row=err.in_a_row) from None
     except BaseException:
         manager.close()  # release orbax's threads and files before the error propagates
         raise
