@@ -32,6 +32,10 @@ from contrastive_jax.training.distributed import initialize, launch_settings
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
+_ACCEPT_CHANGE = flags.DEFINE_bool(
+    "accept_config_change", False,
+    "Resume a workdir whose checkpoints were written with another config (workdir/config.json), "
+    "continuing with this one; without it such a resume stops and lists the differences.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -107,7 +111,7 @@ def main(argv: list[str]) -> None:
     initialize(launch_settings(config.get("launch")))
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
-    train_and_evaluate(config, _WORKDIR.value)
+    train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value)
 
 
 def run() -> None:

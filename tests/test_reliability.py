@@ -15,6 +15,7 @@ import grain
 import numpy as np
 import pytest
 
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
 from contrastive_jax.training.checkpoints import CheckpointError
@@ -163,12 +164,12 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
     bad.optimizer.learning_rate = 1e30
     with pytest.raises(train.NonFiniteError, match=r"step 9: .*3 steps in a row.*steps >= 6 "
                                                    r"hold the parameters.*moved to") as caught:
-        train.train_and_evaluate(bad, str(tmp_path))
+        train.train_and_evaluate(bad, str(tmp_path), accept_config_change=True)
     assert (caught.value.step, caught.value.in_a_row) == (9, 3)
     assert _set_aside(tmp_path) == ["6-diverged", "9-diverged"]
     assert _saved_steps(tmp_path) == [3]
     results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
-                                       str(tmp_path))
+                                       str(tmp_path), accept_config_change=True)
     assert results["resumed_from"] == 3
 
 
@@ -176,8 +177,10 @@ def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_pat
     train.train_and_evaluate(quick(total_steps=3, checkpoint_every=3), str(tmp_path))
     wider = quick(total_steps=6)
     wider.model.encoder.features = 24
+    with pytest.raises(ConfigError, match=r"another config.*model\.encoder\.features: 16 -> 24"):
+        train.train_and_evaluate(wider, str(tmp_path))  # workdir/config.json tells first
     with pytest.raises(CheckpointError, match=r"different shape.*new --workdir"):
-        train.train_and_evaluate(wider, str(tmp_path))
+        train.train_and_evaluate(wider, str(tmp_path), accept_config_change=True)
     for step in (tmp_path / "checkpoints").iterdir():
         if step.name.isdigit():
             shutil.rmtree(step / "state")
@@ -248,7 +251,7 @@ def test_anything_else_raises_with_its_traceback(tmp_path):
     CONTRASTIVE_JAX_TRACEBACK=1 shows the traceback of a user error too."""
     code = ("import sys; from contrastive_jax import main; from contrastive_jax.training import "
             "train\n"
-            "def boom(config, workdir): raise RuntimeError('a bug')\n"
+            "def boom(config, workdir, **options): raise RuntimeError('a bug')\n"
             "train.train_and_evaluate = boom\n"
             f"sys.argv = {command(tmp_path / 'w')[2:]!r}\n"
             "main.run()")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import pathlib
 import time
@@ -47,6 +48,7 @@ from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training import checkpoints, json_output
 from contrastive_jax.training.accumulation import check_accumulation, step_gradients
+from contrastive_jax.training.config_record import check_config, write_config
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.evaluation.frozen_model import evaluate
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
@@ -59,6 +61,7 @@ from contrastive_jax.training.train_state import (
     params_digest,
     replicated,
 )
+from contrastive_jax.training.workdir_lock import workdir_lock
 
 
 def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
@@ -109,6 +112,14 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     if learning_rate is not None:
         metrics["learning_rate"] = learning_rate(state.step)
     return new, metrics
+
+
+def _previous_results(workdir: pathlib.Path) -> dict[str, Any]:
+    """The workdir's ``results.json`` (written by an earlier run), or ``{}``."""
+    try:
+        return json.loads((workdir / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _check_finite(step: int, in_a_row, limit: int) -> None:
@@ -190,15 +201,31 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     return run, state
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       accept_config_change: bool = False) -> dict[str, Any]:
+    """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results.
+
+    The workdir is locked for the run (:mod:`~contrastive_jax.training.workdir_lock`) and its
+    ``config.json`` records ``config``; resuming with a different config raises a
+    :class:`ConfigError` listing the differences unless ``accept_config_change``
+    (:mod:`~contrastive_jax.training.config_record`).
+    """
     LossSettings.from_config(config.loss)  # bad loss settings fail before any work
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    with workdir_lock(workdir):
+        return _locked(config, workdir, accept_config_change)
+
+
+def _locked(config: ml_collections.ConfigDict, workdir: str,
+            accept_config_change: bool) -> dict[str, Any]:
+    """:func:`train_and_evaluate` once it holds the workdir's lock."""
     run, state = prepare_run(config, workdir)
     manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
                                   keep=config.keep_checkpoints)
     try:
-        return _train(run, state, manager)
+        changed = check_config(config, workdir, resuming_from=manager.latest_step(),
+                               accept_change=accept_config_change)
+        return _train(run, state, manager, config_changed=bool(changed))
     except NonFiniteError as err:  # its checkpoints may hold the parameters that diverged
         first = err.step - err.in_a_row
         try:
@@ -216,12 +243,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         raise
 
 
-def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
+def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
+           ) -> dict[str, Any]:
     """The body of :func:`train_and_evaluate` once the checkpoint manager exists."""
     config, workdir, mesh, steps, stream = (run.config, run.workdir, run.mesh, run.steps,
                                             run.stream)
     state, resumed = checkpoints.restore_latest(ckpt, state, stream)
+    write_config(config, workdir, changed_at=resumed if config_changed else None)
     first = int(state.step)
+    previous = _previous_results(workdir)
+    if first >= steps and previous.get("steps") == steps:  # a finished run: nothing to redo
+        print(f"already finished: step {first} of {steps}; results in {workdir / 'results.json'}")
+        ckpt.close()
+        return previous
     progress = Progress(workdir, steps, config.data.batch_size, config.log_every, first)
     k = config.get("accumulation_steps", 1)
     micro = f" ({k} micro-batches of {config.data.batch_size // k})" if k > 1 else ""
@@ -230,7 +264,9 @@ def _train(run: Run, state: TrainState, ckpt) -> dict[str, Any]:
                      f"{mesh.devices.size} devices ({jax.process_count()} processes), "
                      f"workdir {workdir}")
     step_fn = run.step_fn(state)
-    history, metrics, eval_time = [], {}, 0.0
+    # evaluations of the steps this run resumes after, from the run(s) before it
+    history = [e for e in previous.get("evaluations", []) if e.get("step", 0) <= first]
+    metrics, eval_time = {}, 0.0
     train_start = time.perf_counter()  # reset after the first step: excludes compilation
     limit = config.get("max_skipped_in_a_row", 10)
     stopped_at, pending = None, None

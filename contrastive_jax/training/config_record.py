@@ -1,0 +1,103 @@
+"""``workdir/config.json``: the resolved config of a run, and the check that a resume keeps it.
+
+Every run writes its whole config (after variants and command-line overrides) to
+``workdir/config.json`` at start. A run that resumes from the workdir's checkpoints compares its
+config with the recorded one: a difference outside :data:`MAY_CHANGE` (the run's length,
+logging, checkpointing, evaluation, launch settings and where the data lives) would silently
+continue another experiment, so it stops with the list of differences, unless the change is
+accepted (``--accept_config_change``); the replaced record is then kept as
+``config-before-step-<N>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import ml_collections
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import json_output
+
+RECORD = "config.json"
+MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
+              "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir")
+
+
+def plain(config: ml_collections.ConfigDict | Mapping) -> dict[str, Any]:
+    """``config`` as JSON values: tuples as lists, non-finite floats as ``"inf"``, ``"-inf"``,
+    ``"nan"`` (so the record keeps them, where strict JSON has no such numbers)."""
+    def convert(value):
+        if isinstance(value, Mapping):
+            return {str(k): convert(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [convert(v) for v in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return value
+
+    data = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    return convert(data)
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": leaf}`` for a nested mapping (an empty mapping is a leaf ``{}``)."""
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def changes(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
+    """``(key, old value, new value)`` for every flattened key whose value differs (a missing
+    key reads ``"<absent>"``), except the keys under :data:`MAY_CHANGE`."""
+    a, b = flatten(old), flatten(new)
+    absent = "<absent>"
+    return [(k, a.get(k, absent), b.get(k, absent)) for k in sorted(a.keys() | b.keys())
+            if a.get(k, absent) != b.get(k, absent)
+            and not any(k == m or k.startswith(m + ".") for m in MAY_CHANGE)]
+
+
+def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                 resuming_from: int | None, accept_change: bool = False
+                 ) -> list[tuple[str, Any, Any]]:
+    """The :func:`changes` from ``workdir/config.json`` to ``config`` when the run resumes
+    from the checkpoint of step ``resuming_from`` (none for a fresh run or no record).
+
+    Raises :class:`~contrastive_jax.errors.ConfigError` listing them unless ``accept_change``.
+    """
+    path = pathlib.Path(workdir) / RECORD
+    if resuming_from is None or not path.exists():
+        return []
+    diff = changes(json.loads(path.read_text()), plain(config))
+    if diff and not accept_change:
+        lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:12])
+        more = f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""
+        raise ConfigError(
+            f"the checkpoints in {workdir} (step {resuming_from}) were written with another "
+            f"config; resuming would continue a different run. Differences: {lines}{more}. "
+            "Resume with the recorded config (workdir/config.json), use a new --workdir, or "
+            "pass --accept_config_change to continue with this one.")
+    return diff
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+                 changed_at: int | None = None, warn=print) -> None:
+    """Write ``workdir/config.json`` (process 0, atomically); with ``changed_at``, a step, the
+    record it replaces is kept as ``config-before-step-<changed_at>.json``."""
+    if jax.process_index() != 0:
+        return
+    path = pathlib.Path(workdir) / RECORD
+    if changed_at is not None and path.exists():
+        kept = path.with_name(f"config-before-step-{changed_at}.json")
+        path.replace(kept)
+        warn(f"warning: config changed at step {changed_at}; the old one is kept as {kept}")
+    json_output.write_atomic(path, plain(config))

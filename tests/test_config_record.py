@@ -1,0 +1,100 @@
+"""workdir/config.json records the resolved config; a resume with another config stops with the
+differences unless accepted; the run's length, logging and evaluation may change."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import train
+from contrastive_jax.training.config_record import changes, flatten, plain
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_reliability import command, environment, quick  # noqa: E402
+
+
+def test_plain_flatten_and_changes():
+    config = {"loss": {"max_scale": math.inf, "temperature": 0.2}, "sizes": (1, 2),
+              "evaluation": {"every": 5}, "empty": {}}
+    record = plain(config)
+    assert record == {"loss": {"max_scale": "inf", "temperature": 0.2}, "sizes": [1, 2],
+                      "evaluation": {"every": 5}, "empty": {}}
+    assert json.loads(json.dumps(record, allow_nan=False)) == record  # strict JSON
+    assert flatten(record) == {"loss.max_scale": "inf", "loss.temperature": 0.2,
+                               "sizes": [1, 2], "evaluation.every": 5, "empty": {}}
+    other = plain({**config, "loss": {"max_scale": 100.0, "temperature": 0.2},
+                   "evaluation": {"every": 50}, "total_steps": 9, "new": 1})
+    # evaluation and total_steps may change; the scale and a new key may not
+    assert changes(record, other) == [("loss.max_scale", "inf", 100.0),
+                                      ("new", "<absent>", 1)]
+    assert changes(record, record) == []
+
+
+def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):
+    train.train_and_evaluate(quick(total_steps=3, checkpoint_every=3), str(tmp_path))
+    recorded = json.loads((tmp_path / "config.json").read_text())
+    assert recorded == plain(quick(total_steps=3, checkpoint_every=3))
+    assert recorded["loss"]["temperature"] == 0.2 and recorded["total_steps"] == 3
+
+    changed = quick(total_steps=6, checkpoint_every=3)
+    changed.optimizer.learning_rate = 0.01
+    changed.data.batch_size = 16
+    with pytest.raises(ConfigError, match=r"another config.*data\.batch_size: 64 -> 16; "
+                                          r"optimizer\.learning_rate: 0\.002 -> 0\.01\. .*"
+                                          r"--accept_config_change"):
+        train.train_and_evaluate(changed, str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text()) == recorded  # untouched
+    # a longer run (total_steps) and other evaluation settings are not a different run
+    longer = quick(total_steps=4, checkpoint_every=3)
+    longer.evaluation.every = 2
+    assert train.train_and_evaluate(longer, str(tmp_path))["resumed_from"] == 3
+    capsys.readouterr()
+    accepted = train.train_and_evaluate(changed, str(tmp_path), accept_config_change=True)
+    assert accepted["resumed_from"] == 4
+    assert "config changed at step 4" in capsys.readouterr().out
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["batch_size"] == 16
+    old = json.loads((tmp_path / "config-before-step-4.json").read_text())
+    assert old["data"]["batch_size"] == 64 and old["total_steps"] == 4
+
+
+def test_cli_config_drift_exits_2_and_the_flag_accepts_it(tmp_path):
+    def cli(*extra):
+        return subprocess.run(command(tmp_path, "--config.checkpoint_every=2", *extra),
+                              cwd=REPO, env=environment(), capture_output=True, text=True,
+                              timeout=300)
+
+    first = cli("--config.total_steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    drift = cli("--config.total_steps=4", "--config.loss.temperature=0.5")
+    assert drift.returncode == 2 and "Traceback" not in drift.stderr
+    assert "loss.temperature: 0.2 -> 0.5" in drift.stderr
+    ok = cli("--config.total_steps=4", "--config.loss.temperature=0.5",
+             "--accept_config_change")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads((tmp_path / "results.json").read_text())["resumed_from"] == 2
+
+
+def test_a_finished_run_run_again_keeps_its_results(tmp_path, capsys):
+    """The second run of a finished workdir changes nothing: results.json keeps its training
+    time and evaluation history (it used to write train_time_s 0 and drop the history)."""
+    config = quick(total_steps=4, checkpoint_every=2)
+    config.evaluation.enabled = True
+    config.evaluation.every = 2
+    first = train.train_and_evaluate(config, str(tmp_path))
+    assert [e["step"] for e in first["evaluations"]] == [2, 4]
+    capsys.readouterr()
+    again = train.train_and_evaluate(config, str(tmp_path))
+    assert "already finished: step 4 of 4" in capsys.readouterr().out
+    assert again == json.loads((tmp_path / "results.json").read_text()) == json.loads(
+        json.dumps(first))
+    # a longer run keeps the evaluations of the steps it resumes after
+    config.total_steps = 6
+    longer = train.train_and_evaluate(config, str(tmp_path))
+    assert longer["resumed_from"] == 4
+    assert [e["step"] for e in longer["evaluations"]] == [2, 4, 6]
+    assert longer["evaluations"][0] == json.loads(json.dumps(first["evaluations"][0]))
