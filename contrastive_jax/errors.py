@@ -4,9 +4,14 @@ Every one is a :class:`ContrastiveJaxError`; the command line reports exactly th
 one-paragraph ``error: ...`` and exit status 2, and lets anything else (a bug) raise with its
 traceback. Each also derives from the built-in exception a Python user would expect
 (``ValueError`` for bad settings and arguments), so ``except ValueError`` keeps working.
+A write that the system refuses (disk full, file-size limit, read-only files) is the user's to
+fix too: :func:`storage_cause` finds it in any exception's chain, and the command line reports
+it the same way.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class ContrastiveJaxError(Exception):
@@ -44,3 +49,41 @@ class NonFiniteError(ContrastiveJaxError, RuntimeError):
     def __init__(self, message: str, *, step: int | None = None, in_a_row: int | None = None):
         super().__init__(message)
         self.step, self.in_a_row = step, in_a_row
+
+
+# errno -> what to do about it, for writes that fail for a reason outside the program
+STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full: free space",
+    errno.EDQUOT: "the disk quota is used up: free space or raise the quota",
+    errno.EFBIG: "a file reached the file-size limit (`ulimit -f`): raise the limit",
+    errno.EROFS: "the file system is read-only: choose a writable --workdir",
+    errno.EACCES: "permission denied: make the workdir writable or choose another --workdir",
+    errno.EPERM: "operation not permitted (read-only or immutable files?): make the workdir "
+                 "writable or choose another --workdir",
+}
+
+
+def storage_cause(err: BaseException | None) -> OSError | None:
+    """The first ``OSError`` in ``err``'s chain (``__cause__``, ``__context__``, exception
+    groups) whose errno is one of :data:`STORAGE_ERRNOS` (disk full, file-size limit, read-only
+    or forbidden files), or None: a failed write the user must fix, not a bug."""
+    seen = set()
+    todo = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def storage_message(cause: OSError, workdir: str | None = None) -> str:
+    """One paragraph for a :func:`storage_cause`: the file (or else ``workdir``), the system's
+    reason, the fix."""
+    where = (f" {cause.filename}" if cause.filename
+             else f" in the workdir {workdir}" if workdir else "")
+    return (f"cannot write{where}: {cause.strerror or cause} ({STORAGE_ERRNOS[cause.errno]}). "
+            "Then run the same command: the run resumes from its last complete checkpoint.")

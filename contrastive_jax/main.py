@@ -12,7 +12,9 @@ Exit status (docs/reliability.md):
 - 2: a problem the user can fix, one paragraph ``error: ...`` on stderr and no traceback: a bad
   config, variant or flag, data that is not prepared, an unusable workdir or checkpoint, a run
   that kept producing non-finite losses (every :class:`contrastive_jax.errors.
-  ContrastiveJaxError`). ``CONTRASTIVE_JAX_TRACEBACK=1`` shows the traceback as well;
+  ContrastiveJaxError`), a write the system refused (disk full, file-size limit, read-only
+  files: :func:`contrastive_jax.errors.storage_cause`). ``CONTRASTIVE_JAX_TRACEBACK=1`` shows
+  the traceback as well;
 - 1: anything else, with its traceback: a bug (please report it).
 """
 
@@ -26,7 +28,13 @@ import uuid
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from contrastive_jax.errors import ConfigError, ContrastiveJaxError, WorkdirError
+from contrastive_jax.errors import (
+    ConfigError,
+    ContrastiveJaxError,
+    WorkdirError,
+    storage_cause,
+    storage_message,
+)
 from contrastive_jax.training.distributed import initialize, launch_settings
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
@@ -122,6 +130,12 @@ def run() -> None:
         if os.environ.get("CONTRASTIVE_JAX_TRACEBACK"):
             raise
         print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:  # a write the system refused is the user's to fix, not a bug
+        cause = storage_cause(err)
+        if cause is None or os.environ.get("CONTRASTIVE_JAX_TRACEBACK"):
+            raise
+        print(f"error: {storage_message(cause, _WORKDIR.value)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -15,27 +15,71 @@ the non-finite steps (:func:`set_aside_from`). Only process 0 moves files.
 
 from __future__ import annotations
 
+import logging
+import os
 import pathlib
 import shutil
 import time
+import uuid
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from contrastive_jax.errors import CheckpointError, ConfigError
+from contrastive_jax.errors import (
+    STORAGE_ERRNOS,
+    CheckpointError,
+    ConfigError,
+    WorkdirError,
+    storage_cause,
+)
 
 
 def manager(workdir: str | pathlib.Path, *, every: int, keep: int) -> ocp.CheckpointManager:
-    """An async CheckpointManager under ``workdir/checkpoints``."""
+    """An async CheckpointManager under ``workdir/checkpoints``, checked writable first (a
+    read-only folder would otherwise surface as orbax's 300 s timeout at the first save)."""
     if every < 1 or keep < 1:
         raise ConfigError(f"checkpoint_every and keep_checkpoints must be >= 1; got {every}, "
                          f"{keep}")
+    directory = pathlib.Path(workdir).resolve() / "checkpoints"
+    _check_writable(directory)
+    _quiet_orbax_storage_errors()
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
                                            enable_async_checkpointing=True, create=True)
-    return ocp.CheckpointManager(pathlib.Path(workdir).resolve() / "checkpoints",
-                                 options=options, item_names=("state", "data"))
+    return ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
+
+
+def _check_writable(directory: pathlib.Path) -> None:
+    """Create ``directory`` if needed and write and delete a file in it; a refusal is a
+    :class:`WorkdirError` saying why."""
+    probe = directory / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        reason = STORAGE_ERRNOS.get(err.errno, err.strerror or str(err))
+        raise WorkdirError(f"the checkpoint folder {directory} is not writable ({err.strerror}: "
+                           f"{reason}); a run must save checkpoints there") from None
+
+
+class _StorageErrorFilter(logging.Filter):
+    """Drops orbax's background-thread tracebacks of a refused write (disk full, file-size
+    limit, read-only files): the command line reports that cause in one paragraph."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if storage_cause(err) is not None:
+            return False
+        return not any(f"[Errno {n}]" in record.getMessage() for n in STORAGE_ERRNOS)
+
+
+def _quiet_orbax_storage_errors() -> None:
+    """Install :class:`_StorageErrorFilter` on absl's logger (orbax logs through it), once."""
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _StorageErrorFilter) for f in logger.filters):
+        logger.addFilter(_StorageErrorFilter())
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,

@@ -1,0 +1,96 @@
+"""Writes the system refuses (file-size limit, read-only checkpoints, disk full) end a run with
+exit 2 and one paragraph, at once, and the same command resumes once the cause is fixed."""
+
+import contextlib
+import errno
+import os
+import resource
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from contrastive_jax.errors import storage_cause, storage_message
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from test_reliability import command, environment  # noqa: E402
+
+
+def test_storage_cause_walks_the_exception_chain():
+    full = OSError(errno.ENOSPC, "No space left on device", "/w/checkpoints/4/state")
+    try:
+        try:
+            raise full
+        except OSError as inner:
+            raise RuntimeError("orbax: commit failed") from inner
+    except RuntimeError as outer:
+        assert storage_cause(outer) is full
+    group = ExceptionGroup("writes", [ValueError("x"), OSError(errno.EFBIG, "File too large")])
+    assert storage_cause(TimeoutError("wait")) is None
+    assert storage_cause(group).errno == errno.EFBIG
+    assert storage_cause(OSError(errno.ENOENT, "No such file")) is None  # not a refusal
+    assert storage_message(full) == (
+        "cannot write /w/checkpoints/4/state: No space left on device (the disk is full: free "
+        "space). Then run the same command: the run resumes from its last complete checkpoint.")
+    assert "in the workdir /w" in storage_message(OSError(errno.EFBIG, "File too large"), "/w")
+
+
+def _limit_file_size():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))  # 16 KiB per file
+
+
+def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(tmp_path):
+    from contrastive_jax.training.data import open_split
+
+    open_split("mnist1d", "train")  # prepared (in the session's data dir) before the limit
+    args = command(tmp_path, "--config.total_steps=4", "--config.checkpoint_every=2")
+    limited = subprocess.run(args, cwd=REPO, env=environment(), capture_output=True, text=True,
+                             timeout=300, preexec_fn=_limit_file_size)
+    assert limited.returncode == 2, limited.stderr[-3000:]
+    errors = [line for line in limited.stderr.splitlines() if line.strip()
+              and "Warning" not in line and "warn(" not in line]
+    assert len(errors) == 1, limited.stderr[-3000:]  # no orbax tracebacks either
+    assert errors[0].startswith("error: cannot write") and "file-size limit" in errors[0]
+    rerun = subprocess.run(args, cwd=REPO, env=environment(), capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "done in" in rerun.stdout
+
+
+@contextlib.contextmanager
+def _unwritable(folder: Path):
+    """Make ``folder`` refuse new files: its mode (a normal user), the immutable attribute
+    (root, on file systems that have it), or else replace it by a plain file."""
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    how = "mode"
+    if os.access(folder, os.W_OK):  # root ignores the mode
+        folder.chmod(0o755)
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0:
+            how = "immutable"
+        else:
+            for child in folder.iterdir():
+                subprocess.run(["rm", "-rf", str(child)], check=True)
+            folder.rmdir()
+            folder.write_text("not a folder")
+            how = "file"
+    try:
+        yield how
+    finally:
+        if how == "immutable":
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        elif how == "mode":
+            folder.chmod(0o755)
+
+
+def test_a_read_only_checkpoint_folder_is_refused_at_start(tmp_path):
+    first = subprocess.run(command(tmp_path, "--config.total_steps=2"), cwd=REPO,
+                           env=environment(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with _unwritable(tmp_path / "checkpoints"):
+        # it used to wait 300 s for orbax's directory creation and then print a TimeoutError
+        run = subprocess.run(command(tmp_path, "--config.total_steps=4"), cwd=REPO,
+                             env=environment(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert "error: the checkpoint folder" in run.stderr and "is not writable" in run.stderr
