@@ -261,3 +261,51 @@ def test_dataset_prepared_without_random_access_is_rejected(tmp_path):
                                              '"fileFormat": "tfrecord"'))
     with pytest.raises(DatasetNotPreparedError, match=r"prepared as tfrecord.*array_record"):
         open_split("external_toy_for_tests", "train", str(tmp_path))
+
+
+def test_a_damaged_copy_is_generated_again(tmp_path, capsys):
+    """A deleted dataset_info.json (it used to give "prepared in 0.0 s", then "no split
+    'train'; splits: []") or record file: the copy is removed and generated again."""
+    builder = prepare("digits", str(tmp_path), verbose=False)
+    version = Path(builder.data_dir)
+    (version / "dataset_info.json").unlink()
+    capsys.readouterr()
+    prepare("digits", str(tmp_path))
+    assert "damaged: no dataset_info.json" in capsys.readouterr().err
+    assert len(open_split("digits", "train", str(tmp_path))) == digits.NUM_TRAIN
+    next(version.glob("digits-test.array_record*")).unlink()
+    prepare("digits", str(tmp_path))
+    assert "damaged: missing record files ['digits-test" in capsys.readouterr().err
+    assert len(open_split("digits", "test", str(tmp_path))) == 360
+    before = _version_files(prepare("digits", str(tmp_path)))  # complete: left alone
+    assert "removing" not in capsys.readouterr().err
+    prepare("digits", str(tmp_path), overwrite=True)
+    assert "(--overwrite)" in capsys.readouterr().err
+    assert _version_files(builder) != before  # written again
+
+
+def test_corrupted_record_files_are_one_paragraph_naming_the_fix(tmp_path):
+    """Flipped bytes in an array_record file (found only on reading): exit 2 with the command
+    that prepares the dataset again (it used to be a 42-line Riegeli traceback)."""
+    data = tmp_path / "data"
+    builder = prepare("mnist1d", str(data), verbose=False)
+    records = next(Path(builder.data_dir).glob("mnist1d-train.array_record*"))
+    damaged = bytearray(records.read_bytes())
+    damaged[1000::997] = bytes(b ^ 0xFF for b in damaged[1000::997])
+    records.write_bytes(bytes(damaged))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    train = [sys.executable, "-m", "contrastive_jax.main", f"--workdir={tmp_path / 'w'}",
+             "--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
+             "--config.total_steps=2", f"--config.data.data_dir={data}"]
+    run = subprocess.run(train, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    assert "error: the record files of dataset 'mnist1d'" in run.stderr
+    fix = ("python -m contrastive_jax.training.data.prepare mnist1d "
+           f"--data_dir={data} --overwrite")
+    assert fix in run.stderr
+    subprocess.run(fix.replace("python", sys.executable, 1).split(), check=True,
+                   capture_output=True, env=env, timeout=300, cwd=REPO)
+    again = subprocess.run(train, capture_output=True, text=True, env=env, timeout=300,
+                           cwd=REPO)
+    assert again.returncode == 0, again.stderr[-3000:]

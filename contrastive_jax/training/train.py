@@ -50,6 +50,7 @@ from contrastive_jax.training import checkpoints, json_output
 from contrastive_jax.training.accumulation import check_accumulation, step_gradients
 from contrastive_jax.training.config_record import check_config, write_config
 from contrastive_jax.training.data import open_split, train_iterator
+from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.frozen_model import evaluate
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
@@ -213,7 +214,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     LossSettings.from_config(config.loss)  # bad loss settings fail before any work
     pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock(workdir):
-        return _locked(config, workdir, accept_config_change)
+        try:
+            return _locked(config, workdir, accept_config_change)
+        except Exception as err:  # damaged record files show only when read
+            damaged = damaged_data_error(err, config.data.name, config.data.data_dir or None)
+            if damaged is None:
+                raise
+            raise damaged from None
 
 
 def _locked(config: ml_collections.ConfigDict, workdir: str,

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import io
+import logging
 import os
 import shutil
 import sys
@@ -35,7 +37,7 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 # Importing the modules registers the builders with TFDS.
-from contrastive_jax.errors import ConfigError
+from contrastive_jax.errors import ConfigError, DataError
 from contrastive_jax.training.data import digit_captions, digits, mnist1d
 
 LOCAL_DATASETS = {
@@ -66,27 +68,39 @@ def is_local(name: str) -> bool:
     return name.split("/")[0].split(":")[0] in LOCAL_DATASETS
 
 
-def prepare(name: str, data_dir: str | None = None, *,
-            verbose: bool = True) -> tfds.core.DatasetBuilder:
+def prepare(name: str, data_dir: str | None = None, *, verbose: bool = True,
+            overwrite: bool = False) -> tfds.core.DatasetBuilder:
     """Prepare the package dataset ``name`` in ``data_dir`` unless it is already; its builder.
 
     ``name`` is one of :data:`LOCAL_NAMES`. Another TFDS name is a ValueError (those are
-    prepared with ``tfds build``; this program never downloads).
+    prepared with ``tfds build``; this program never downloads). A damaged copy (files without
+    ``dataset_info.json``, or no splits) is removed and generated again, with a message;
+    ``overwrite`` regenerates it in any case (damaged record files are only found on reading).
     """
     if not is_local(name):
         raise ConfigError(f"{name!r} is not one of this package's datasets {list(LOCAL_NAMES)}; "
                          "prepare TFDS datasets with `tfds build NAME --data_dir=DIR "
                          "--file_format=array_record`")
     data_dir = resolve_data_dir(data_dir)
-    builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
-    if builder.is_prepared():
+    with _quiet_tfds():
+        builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        ready = not overwrite and _complete(builder)
+    if ready:
         return builder
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    with _lock(Path(data_dir) / f"{name.replace('/', '.')}.lock"):
+    with _lock(Path(data_dir) / f"{name.replace('/', '.')}.lock"), _quiet_tfds():
         builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
-        if builder.is_prepared():  # another process built it while we waited
+        if not overwrite and _complete(builder):  # another process built it while we waited
             return builder
-        _remove_incomplete(Path(builder.data_dir))
+        version_dir = Path(builder.data_dir)
+        if version_dir.exists():  # generated data: regenerated exactly, nothing is lost
+            why = "--overwrite" if overwrite else "damaged: " + _damage(builder)
+            if verbose:
+                print(f"removing {name} in {version_dir} ({why}) to generate it again",
+                      file=sys.stderr, flush=True)
+            shutil.rmtree(version_dir)
+            builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+        _remove_incomplete(version_dir)
         start = time.perf_counter()
         if verbose:
             print(f"preparing {name} in {data_dir} (once) ...", file=sys.stderr, flush=True)
@@ -94,10 +108,31 @@ def prepare(name: str, data_dir: str | None = None, *,
         builder.download_and_prepare(
             file_format="array_record",
             download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+        if not _complete(builder):
+            raise DataError(f"preparing {name} in {data_dir} left an incomplete copy "
+                            f"({_damage(builder)}); remove {version_dir} and try again")
         if verbose:
             print(f"prepared {name} in {time.perf_counter() - start:.1f} s",
                   file=sys.stderr, flush=True)
     return builder
+
+
+def _complete(builder: tfds.core.DatasetBuilder) -> bool:
+    """Prepared, with its ``dataset_info.json`` and at least one split of examples."""
+    return builder.is_prepared() and not _damage(builder)
+
+
+def _damage(builder: tfds.core.DatasetBuilder) -> str:
+    """What is wrong with a prepared copy ('' if nothing visible without reading it)."""
+    version_dir = Path(builder.data_dir)
+    if not (version_dir / "dataset_info.json").exists():
+        return "no dataset_info.json"
+    splits = builder.info.splits
+    if not splits or not all(info.num_examples for info in splits.values()):
+        return "no splits recorded in dataset_info.json"
+    missing = [name for info in splits.values() for name in info.filenames
+               if not (version_dir / name).exists()]
+    return f"missing record files {missing[:3]}" if missing else ""
 
 
 def _remove_incomplete(version_dir: Path) -> None:
@@ -106,6 +141,21 @@ def _remove_incomplete(version_dir: Path) -> None:
     if parent.is_dir():
         for stale in parent.glob(f"incomplete.*_{version_dir.name}"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+    """TFDS's own lines off while it builds a local dataset: its "Downloading and preparing"
+    (nothing is downloaded) and absl warnings about the folder it is about to write; this
+    module prints one line of its own instead."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        absl_logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -127,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"datasets to prepare (default: all of {list(LOCAL_NAMES)})")
     parser.add_argument("--data_dir", default=None,
                         help=f"TFDS data dir (default: {default_data_dir()})")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="generate again even if prepared (damaged record files)")
     args = parser.parse_args(argv)
     for name in args.names:
         if not is_local(name):
@@ -134,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                          "are prepared with `tfds build NAME --data_dir=DIR "
                          "--file_format=array_record`")
     for name in args.names:
-        builder = prepare(name, args.data_dir)
+        builder = prepare(name, args.data_dir, overwrite=args.overwrite)
         splits = {s: info.num_examples for s, info in builder.info.splits.items()}
         print(f"{name}: {builder.data_dir} {splits}")
     return 0

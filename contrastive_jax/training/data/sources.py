@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
+from contrastive_jax.errors import ConfigError, DataError, DatasetNotPreparedError
 from contrastive_jax.training.data.correlated_gaussians import CorrelatedGaussians, correlation_for
 from contrastive_jax.training.data.prepare import is_local, prepare, resolve_data_dir
 
@@ -61,6 +61,33 @@ def open_split(name: str, split: str, data_dir: str | None = None,
         raise ConfigError(f"dataset {name!r} has no split {split!r}; its splits: "
                          f"{sorted(builder.info.splits)}")
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+
+
+DAMAGED_RECORDS = ("Riegeli", "array_record", "ArrayRecord")  # in a reader's error message
+
+
+def damaged_data_error(err: BaseException, name: str, data_dir: str | None = None
+                       ) -> DataError | None:
+    """A :class:`DataError` saying how to prepare ``name`` again, if ``err`` (or an exception
+    in its chain) is a record reader's complaint about damaged files (a truncated or corrupted
+    array_record file: "Corrupted Riegeli/records file: chunk data hash mismatch"); else None.
+    Such damage only shows when the records are read, so the trainer converts it there."""
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = str(e)
+        if any(marker in text for marker in DAMAGED_RECORDS) and not isinstance(e, DataError):
+            data_dir = resolve_data_dir(data_dir)
+            first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
+            return DataError(
+                f"the record files of dataset {name!r} in {data_dir} are damaged (truncated or "
+                f"corrupted: {first}). Prepare it again with\n    "
+                f"{prepare_command(name, data_dir)} --overwrite\nthen run the same command.")
+        todo += [e.__cause__, e.__context__]
+    return None
 
 
 def _prepared_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
