@@ -35,7 +35,11 @@ from contrastive_jax.errors import (
     storage_cause,
     storage_message,
 )
-from contrastive_jax.training.distributed import initialize, launch_settings
+from contrastive_jax.training.distributed import (
+    check_same_config,
+    initialize,
+    launch_settings,
+)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
@@ -117,6 +121,7 @@ def main(argv: list[str]) -> None:
     config = load_config()
     check_workdir(_WORKDIR.value)
     initialize(launch_settings(config.get("launch")))
+    check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
     train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value)

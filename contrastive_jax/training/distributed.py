@@ -13,7 +13,8 @@ fields) or, if absent there, from the environment:
 
 On a TPU pod run the same command on every worker with ``CONTRASTIVE_JAX_DISTRIBUTED=auto``;
 on GPU nodes give each process the coordinator, the process count and its id. Each process
-then loads its own ``global_batch / process_count`` rows, and
+checks that every process runs the same config (:func:`check_same_config`), loads its own
+``global_batch / process_count`` rows, and
 :func:`contrastive_jax.mesh.global_batch` assembles them into one global :class:`jax.Array`
 sharded over the mesh's ``data`` axis.
 """
@@ -21,10 +22,13 @@ sharded over the mesh's ``data`` axis.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from collections.abc import Mapping
 
 import jax
+import numpy as np
 
 from contrastive_jax.errors import ConfigError
 
@@ -101,3 +105,61 @@ def initialize(launch: Launch) -> bool:
                       num_processes=launch.num_processes, process_id=launch.process_id)
     jax.distributed.initialize(**kwargs)
     return True
+
+
+PER_PROCESS = ("launch", "data.data_dir")  # config entries that may differ between processes
+
+
+def _digest(value) -> int:
+    """A 31-bit digest of a JSON value."""
+    text = json.dumps(value, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def check_same_config(config) -> None:
+    """Raise :class:`ConfigError` unless every process of the job runs the same config.
+
+    Processes started with different configs (another batch size on one host) would otherwise
+    fail much later inside a collective, with gloo or XLA messages and no hint. Process 0's
+    flattened keys are broadcast; each process digests its value of every key (and its own
+    extra keys), the digests are all-gathered and compared, and every process raises the same
+    error naming the processes and settings that differ (with process 0's value). Entries under
+    :data:`PER_PROCESS` may differ. A no-op for a single process.
+    """
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    from contrastive_jax.training.config_record import flatten, plain
+
+    flat = {k: v for k, v in flatten(plain(config)).items()
+            if not any(k == p or k.startswith(p + ".") for p in PER_PROCESS)}
+    mine = json.dumps(sorted(flat)).encode()
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(mine))))
+    buffer = np.zeros(size, np.uint8)
+    if jax.process_index() == 0:
+        buffer[:] = np.frombuffer(mine, np.uint8)
+    keys = json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer))))
+    absent = "<absent>"
+    extra = sorted(set(flat) - set(keys))
+    digests = np.array([_digest(flat.get(k, absent)) for k in keys] + [_digest(extra)],
+                       np.int32)
+    gathered = np.asarray(multihost_utils.process_allgather(digests))  # (processes, keys + 1)
+    differ = {}
+    for process in range(1, gathered.shape[0]):
+        where = np.nonzero(gathered[process] != gathered[0])[0]
+        names = [keys[j] if j < len(keys) else "keys that process 0 does not have"
+                 for j in where]
+        if names:
+            differ[process] = names
+    if not differ:
+        return
+    p0 = {k: flat.get(k, absent) for names in differ.values() for k in names if k in keys} \
+        if jax.process_index() == 0 else {}
+    parts = [f"process {p}: {', '.join(names[:8])}" + (" ..." if len(names) > 8 else "")
+             for p, names in differ.items()]
+    values = f" (process 0 has {p0})" if p0 else ""
+    raise ConfigError(
+        f"the {gathered.shape[0]} processes do not run the same config; settings that differ "
+        f"from process 0's: {'; '.join(parts)}{values}. Start every process with the same "
+        "command, config file and overrides.")
