@@ -112,6 +112,33 @@ def load_config():
     return config
 
 
+CACHE_ENV = "CONTRASTIVE_JAX_COMPILATION_CACHE"
+
+
+def compilation_cache_dir(environ=os.environ) -> str | None:
+    """Where JAX's persistent compilation cache lives: ``$CONTRASTIVE_JAX_COMPILATION_CACHE``
+    (``off``: no cache), else ``$XDG_CACHE_HOME`` or ``~/.cache``, then
+    ``contrastive_jax/jax_compilation_cache``. Shared by every run of the user (a rerun, a
+    resume, a sweep reuse the compiled steps; the key covers the program, shapes, flags and
+    versions)."""
+    path = environ.get(CACHE_ENV)
+    if path is not None:
+        return None if path.strip().lower() in ("", "off", "0", "none") else path
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "contrastive_jax", "jax_compilation_cache")
+
+
+def enable_compilation_cache() -> None:
+    """Turn on JAX's persistent compilation cache (:func:`compilation_cache_dir`) for programs
+    that take over a second to compile."""
+    import jax
+
+    path = compilation_cache_dir()
+    if path is not None:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def main(argv: list[str]) -> None:
     """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing)."""
     if len(argv) > 1:
@@ -120,6 +147,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     config = load_config()
     check_workdir(_WORKDIR.value)
+    enable_compilation_cache()
     initialize(launch_settings(config.get("launch")))
     check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up

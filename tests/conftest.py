@@ -30,3 +30,17 @@ def data_dir(tmp_path_factory):
         os.environ.pop("CONTRASTIVE_JAX_DATA_DIR", None)
     else:
         os.environ["CONTRASTIVE_JAX_DATA_DIR"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """The command line's persistent compilation cache for this session's subprocesses (never
+    the user's cache); later runs of the same quick configs reuse the compiled steps."""
+    path = tmp_path_factory.mktemp("jax_compilation_cache")
+    old = os.environ.get("CONTRASTIVE_JAX_COMPILATION_CACHE")
+    os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"] = str(path)
+    yield str(path)
+    if old is None:
+        os.environ.pop("CONTRASTIVE_JAX_COMPILATION_CACHE", None)
+    else:
+        os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"] = old

@@ -4,8 +4,11 @@ Only process 0 writes. A console line looks like::
 
     step   200/1560 | loss 5.012 | top1 0.613 | mi 1.91 | temp 0.200 | 6,820 ex/s | ETA 0:00:41
 
-``examples/s`` counts global examples over the wall time since the previous line (so it
-includes data loading and logging), and the ETA extrapolates it to the remaining steps.
+The metrics of a line (and of its TensorBoard scalars and JSON record) are means over the steps
+since the previous line (:class:`MetricWindow`), not one noisy step; the step counters
+(``skipped``, ``skipped_in_a_row``) and ``learning_rate`` are the last step's. ``examples/s``
+counts global examples over the wall time since the previous line (so it includes data loading
+and logging), and the ETA extrapolates it to the remaining steps.
 """
 
 from __future__ import annotations
@@ -17,13 +20,42 @@ import time
 from collections.abc import Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from contrastive_jax.training import json_output
 
 CONSOLE_KEYS = (("loss", "loss", "{:.4f}"), ("top1", "top1", "{:.3f}"),
                 ("mi_bound", "mi", "{:.2f}"), ("logit_scale", "scale", "{:.2f}"),
-                ("temperature", "temp", "{:.3f}"))
+                ("bias", "bias", "{:+.2f}"), ("temperature", "temp", "{:.3f}"))
+LAST_VALUE = ("skipped", "skipped_in_a_row", "learning_rate")  # not averaged over a window
+
+
+@jax.jit
+def _add(total, metrics):
+    return jax.tree.map(lambda a, b: a + b.astype(a.dtype), total, metrics)
+
+
+class MetricWindow:
+    """The running sum of each step's metrics on the device (one small jitted add per step,
+    nothing copied to the host), read as means at a logging step."""
+
+    def __init__(self):
+        self._sum, self._last, self.count = None, None, 0
+
+    def add(self, metrics: Mapping[str, jax.Array]) -> None:
+        as_float = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        self._sum = as_float if self._sum is None else _add(self._sum, as_float)
+        self._last, self.count = metrics, self.count + 1
+
+    def mean(self) -> dict[str, float]:
+        """The mean of each metric over the steps added since the last call (the last step's
+        value for :data:`LAST_VALUE`), and a new, empty window."""
+        total, last = jax.device_get((self._sum, self._last))
+        out = {k: float(last[k]) if k in LAST_VALUE else float(v) / self.count
+               for k, v in total.items()}
+        self._sum, self._last, self.count = None, None, 0
+        return out
 
 
 class Progress:

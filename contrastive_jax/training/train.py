@@ -55,7 +55,7 @@ from contrastive_jax.training.evaluation.frozen_model import evaluate
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
 from contrastive_jax.training.preemption import StopSignal
-from contrastive_jax.training.progress import Progress
+from contrastive_jax.training.progress import MetricWindow, Progress
 from contrastive_jax.training.train_state import (
     TrainState,
     create_state,
@@ -113,6 +113,16 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     if learning_rate is not None:
         metrics["learning_rate"] = learning_rate(state.step)
     return new, metrics
+
+
+def _evaluation_names(config) -> str:
+    """What an evaluation computes, for its status line."""
+    names = ["linear probe", "kNN", "alignment and uniformity"]
+    if config.model.get("name") == "dual_encoder":
+        names.append("retrieval")
+        if config.evaluation.get("zero_shot_prompts"):
+            names.append("zero-shot")
+    return ", ".join(names)
 
 
 def _previous_results(workdir: pathlib.Path) -> dict[str, Any]:
@@ -271,6 +281,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
                      f"{mesh.devices.size} devices ({jax.process_count()} processes), "
                      f"workdir {workdir}")
     step_fn = run.step_fn(state)
+    window = MetricWindow()
     # evaluations of the steps this run resumes after, from the run(s) before it
     history = [e for e in previous.get("evaluations", []) if e.get("step", 0) <= first]
     metrics, eval_time = {}, 0.0
@@ -280,16 +291,22 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     with StopSignal() as stop:
         for step in range(first + 1, steps + 1):
             batch = next(stream)
+            if step == first + 1:
+                progress.message(f"compiling the train step ({'restored' if resumed else 'fresh'}"
+                                 " state; the first step includes compilation)...")
             state, metrics = step_fn(state, batch)
+            window.add(metrics)
             if pending is not None:  # the previous step's guard, read while this one runs
                 _check_finite(*pending, limit)
             pending = (step, metrics["skipped_in_a_row"])
             if step == first + 1:  # compiled: time the rest
                 jax.block_until_ready(metrics)
+                progress.message(f"compiled and ran step {step} in "
+                                 f"{time.perf_counter() - train_start:.1f} s")
                 progress.restart_clock(step)
                 train_start = time.perf_counter()
             if progress.due(step):
-                progress.log_train(step, jax.device_get(metrics))
+                progress.log_train(step, window.mean())
             if stop.should_stop():
                 _check_finite(*pending, limit)
                 checkpoints.save(ckpt, step, state, stream, force=True)
@@ -299,6 +316,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
             every = config.evaluation.every if config.evaluation.enabled else 0
             if every and step % every == 0 and step != steps:
                 eval_start = time.perf_counter()
+                progress.message(f"evaluating at step {step}: {_evaluation_names(config)}...")
                 result = {"step": step, "wall_s": round(eval_start - run.start, 2),
                           "train_s": round(eval_start - train_start - eval_time, 2),
                           **evaluate(run.graphdef, state, config, mesh)}
@@ -321,6 +339,8 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
         return {"steps": steps, "stopped_at": stopped_at, "resumed_from": resumed}
     ckpt.wait_until_finished()
     train_time = time.perf_counter() - train_start - eval_time
+    if config.evaluation.enabled:
+        progress.message(f"final evaluation: {_evaluation_names(config)}...")
     final = evaluate(run.graphdef, state, config, mesh) if config.evaluation.enabled else {}
     history.append({"step": steps, "wall_s": round(time.perf_counter() - run.start, 2),
                     "train_s": round(train_time, 2), **final})

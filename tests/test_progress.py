@@ -1,0 +1,77 @@
+"""Progress lines: metrics averaged over the logging window, status lines while compiling and
+evaluating, per-method console metrics; the command line's compilation cache."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contrastive_jax.main import compilation_cache_dir
+from contrastive_jax.training import train
+from contrastive_jax.training.progress import MetricWindow
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_reliability import quick
+
+
+def test_metric_window_means_and_last_values():
+    window = MetricWindow()
+    for i in range(1, 4):
+        window.add({"loss": np.float32(i), "top1": np.float32(0.5 * i),
+                    "skipped_in_a_row": np.int32(i), "learning_rate": np.float32(10 * i)})
+    assert window.count == 3
+    assert window.mean() == {"loss": 2.0, "top1": 1.0, "skipped_in_a_row": 3.0,
+                             "learning_rate": 30.0}  # counters and the rate: the last step's
+    assert window.count == 0
+    window.add({"loss": np.float32(np.nan), "top1": np.float32(1.0),
+                "skipped_in_a_row": np.int32(1), "learning_rate": np.float32(1.0)})
+    assert math.isnan(window.mean()["loss"])  # a non-finite step shows in its window
+
+
+def _train_records(workdir):
+    lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["prefix"] == "train"]
+
+
+def test_logged_metrics_are_window_means_of_every_step(tmp_path, capsys):
+    every_step = train.train_and_evaluate(quick(total_steps=6, log_every=1),
+                                          str(tmp_path / "each"))
+    capsys.readouterr()
+    train.train_and_evaluate(quick(total_steps=6, log_every=3), str(tmp_path / "window"))
+    out = capsys.readouterr().out
+    each = {r["step"]: r for r in _train_records(tmp_path / "each")}
+    window = _train_records(tmp_path / "window")
+    assert [r["step"] for r in window] == [3, 6]
+    for record in window:
+        steps = range(record["step"] - 2, record["step"] + 1)
+        for key in ("loss", "top1", "grad_norm", "mi_bound"):
+            assert record[key] == pytest.approx(np.mean([each[s][key] for s in steps]),
+                                                rel=1e-5), key
+        assert record["learning_rate"] == pytest.approx(each[record["step"]]["learning_rate"])
+    assert every_step["final_train_metrics"]["loss"] == pytest.approx(each[6]["loss"])
+    # status lines around the silent parts
+    assert "compiling the train step (fresh state" in out and "compiled and ran step 1 in" in out
+
+
+def test_compilation_cache_location():
+    assert compilation_cache_dir({"CONTRASTIVE_JAX_COMPILATION_CACHE": "/c"}) == "/c"
+    for off in ("off", "", "0"):
+        assert compilation_cache_dir({"CONTRASTIVE_JAX_COMPILATION_CACHE": off}) is None
+    assert compilation_cache_dir({"XDG_CACHE_HOME": "/x"}) == (
+        "/x/contrastive_jax/jax_compilation_cache")
+
+
+def test_the_command_line_fills_its_compilation_cache(tmp_path):
+    import os
+    import subprocess
+
+    from test_reliability import REPO, command, environment
+
+    env = {**environment(), "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run(command(tmp_path / "w", "--config.total_steps=2"), cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert os.listdir(tmp_path / "cache")  # the train step took over a second to compile
