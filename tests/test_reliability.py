@@ -163,7 +163,8 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
     bad = quick(total_steps=30, checkpoint_every=3, max_skipped_in_a_row=3)
     bad.optimizer.learning_rate = 1e30
     with pytest.raises(train.NonFiniteError, match=r"step 9: .*3 steps in a row.*steps >= 6 "
-                                                   r"hold the parameters.*moved to") as caught:
+                                                   r"hold the parameters.*moved to.*next run "
+                                                   r"resumes from step 3\.") as caught:
         train.train_and_evaluate(bad, str(tmp_path), accept_config_change=True)
     assert (caught.value.step, caught.value.in_a_row) == (9, 3)
     assert _set_aside(tmp_path) == ["6-diverged", "9-diverged"]

@@ -247,14 +247,16 @@ def _locked(config: ml_collections.ConfigDict, workdir: str,
         first = err.step - err.in_a_row
         try:
             moved = checkpoints.set_aside_from(manager, first, "diverged")
+            left = manager.all_steps()
         finally:
             manager.close()
         if not moved:
             raise
+        then = f"resumes from step {max(left)}" if left else "starts from scratch"
         raise NonFiniteError(
             f"{err} The checkpoints of steps >= {first} hold the parameters that led there; "
-            f"they were moved to {pathlib.Path(moved[0]).parent}, so the next run resumes from "
-            "the one before.", step=err.step, in_a_row=err.in_a_row) from None
+            f"they were moved to {pathlib.Path(moved[0]).parent}, so the next run {then}.",
+            step=err.step, in_a_row=err.in_a_row) from None
     except BaseException:
         manager.close()  # release orbax's threads and files before the error propagates
         raise
