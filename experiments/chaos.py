@@ -1,15 +1,29 @@
-"""Chaos test of the main job: kill it with SIGKILL at random points, restart, compare.
+"""Chaos test of the main job: faults injected into real runs, each compared with an
+uninterrupted run.
 
     python experiments/chaos.py [--config configs/simclr_mnist1d.py] [--steps 200]
-        [--kills 5] [--checkpoint-every 20] [--seed 0] [--quick]
+        [--kills 5] [--checkpoint-every 20] [--seed 0] [--faults kill damaged non_finite
+        concurrent] [--quick]
 
-Runs the job once without interruption (``--steps`` steps, evaluation off), then again in a
-fresh workdir, killing the process with SIGKILL (no chance to save) at a random step after
-each (re)start and restarting the same command until it finishes. Reports the runs, kills,
-resumes, the steps lost per kill (the step it was killed at minus the checkpoint it resumed
-from) and whether the final parameters hash (``params_sha256`` in results.json: parameters and
-BatchNorm statistics) equals the uninterrupted run's. Writes ``experiments/results/chaos.md``
-(no ``.csv`` or plot: one row). Exits 1 if the hashes differ.
+Runs the job once without interruption (``--steps`` steps, evaluation off), then once per
+fault in a fresh workdir, and checks the final parameter hash (``params_sha256`` in
+results.json: parameters and BatchNorm statistics) against the uninterrupted run's:
+
+- ``kill``: SIGKILL (no chance to save) at a random step after each (re)start, ``--kills``
+  times, restarting the same command until it finishes; the steps lost per kill are the step it
+  was killed at minus the checkpoint it resumed from;
+- ``damaged``: SIGTERM at a random step (a checkpoint is saved there), then every file of that
+  newest checkpoint truncated to half; the rerun must move it aside, resume from the previous
+  checkpoint and finish;
+- ``non_finite``: SIGTERM at a random step, then a rerun with learning rate 1e30 (accepted as
+  a config change) whose updates all overflow: it must stop (exit 2) after 3 skipped steps and
+  move aside the checkpoints from the step that led there; the original command (accepting the
+  change back) resumes from the checkpoint before and finishes;
+- ``concurrent``: a second trainer started on the workdir while the first runs must stop at
+  once (exit 2, naming the holder of the lock) while the first finishes.
+
+Writes ``experiments/results/chaos.md`` (no ``.csv`` or plot: one row per fault). Exits 1 if
+any hash differs or a fault was not handled as described.
 """
 
 from __future__ import annotations
@@ -80,6 +94,100 @@ def run_with_kills(cmd, workdir: pathlib.Path, steps: int, kills: int, rng: rand
         return stats
 
 
+def _start(cmd, env) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=1800)
+    return proc.returncode, out, err
+
+
+def _stop_at(cmd, workdir: pathlib.Path, target: int, env) -> int:
+    """Run ``cmd`` until it has logged step ``target``, then SIGTERM it (it saves a checkpoint
+    at the step it stops at); returns that step."""
+    proc = _start(cmd, env)
+    while proc.poll() is None and logged_step(workdir) < target:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = _finish(proc)
+    if code != 0 or "stopped by signal" not in out:
+        raise RuntimeError(f"SIGTERM did not stop the run cleanly ({code}):\n{err[-3000:]}")
+    return int(out.split("after step ")[1].split(":")[0])
+
+
+def _saved(workdir: pathlib.Path) -> list[int]:
+    folder = workdir / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) \
+        if folder.exists() else []
+
+
+def _set_aside(workdir: pathlib.Path) -> list[str]:
+    folder = workdir / "checkpoints_set_aside"
+    return sorted(p.name.rsplit("-", 1)[0] for p in folder.iterdir()) if folder.exists() else []
+
+
+def fault_kill(cmd, workdir, steps, rng, env, *, kills: int, **_) -> dict:
+    stats = run_with_kills(cmd, workdir, steps, kills, rng, env)
+    lost = stats["lost"]
+    return {"what": f"SIGKILL at a random step, {stats['kills']} times",
+            "seen": f"{stats['runs']} runs, {stats['resumes']} resumes; steps lost per kill "
+                    f"{lost} (mean {sum(lost) / max(len(lost), 1):.1f})",
+            "ok": stats["kills"] == kills and stats["resumes"] == kills}
+
+
+def fault_damaged(cmd, workdir, steps, rng, env, *, every: int, **_) -> dict:
+    stopped = _stop_at(cmd, workdir, rng.randint(2 * every, steps // 2), env)
+    newest = workdir / "checkpoints" / str(stopped) / "state"
+    for path in newest.rglob("*"):
+        if path.is_file():
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = [s for s in _saved(workdir) if s < stopped][-1]
+    code, out, _ = _finish(_start(cmd, env))
+    ok = (code == 0 and f"resumed from step {before}" in out
+          and _set_aside(workdir) == [f"{stopped}-damaged"])
+    return {"what": f"SIGTERM at step {stopped}, its checkpoint's files truncated to half",
+            "seen": f"exit {code}; moved aside {_set_aside(workdir)}, resumed from step "
+                    f"{before}",
+            "ok": ok}
+
+
+def fault_non_finite(cmd, workdir, steps, rng, env, *, every: int, **_) -> dict:
+    stopped = _stop_at(cmd, workdir, rng.randint(2 * every, steps // 2), env)
+    diverge = [*cmd, "--config.optimizer.learning_rate=1e30", "--config.max_skipped_in_a_row=3",
+               "--accept_config_change"]
+    code, _, err = _finish(_start(diverge, env))
+    moved = _set_aside(workdir)
+    good = _saved(workdir)
+    fixed, out, _ = _finish(_start([*cmd, "--accept_config_change"], env))
+    ok = (code == 2 and "in a row" in err and moved and all("diverged" in m for m in moved)
+          and fixed == 0 and (f"resumed from step {good[-1]}" in out if good else True))
+    return {"what": f"SIGTERM at step {stopped}, then a rerun with learning rate 1e30",
+            "seen": f"exit {code} after 3 skipped steps; moved aside {moved}; the fixed rerun: "
+                    f"exit {fixed}, resumed from step {good[-1] if good else 0}",
+            "ok": ok}
+
+
+def fault_concurrent(cmd, workdir, steps, rng, env, **_) -> dict:
+    first = _start(cmd, env)
+    while first.poll() is None and logged_step(workdir) < 2:
+        time.sleep(0.005)
+    start = time.monotonic()
+    second, _, err = _finish(_start(cmd, env))
+    waited = time.monotonic() - start
+    code, _, _ = _finish(first)
+    ok = second == 2 and "in use by another trainer" in err and code == 0
+    return {"what": "a second trainer on the workdir while the first runs",
+            "seen": f"second: exit {second} after {waited:.1f} s, 'in use by another "
+                    f"trainer (pid ...)'; first: exit {code}",
+            "ok": ok}
+
+
+FAULTS = {"kill": fault_kill, "damaged": fault_damaged, "non_finite": fault_non_finite,
+          "concurrent": fault_concurrent}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/simclr_mnist1d.py")
@@ -87,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
     parser.add_argument("--quick", action="store_true", help="tiny model, 60 steps, 2 kills")
     parser.add_argument("--out", default=str(RESULTS / "chaos.md"))
     args = parser.parse_args(argv)
@@ -95,33 +204,37 @@ def main(argv: list[str] | None = None) -> int:
                                                          args.checkpoint_every)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     rng = random.Random(args.seed)
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         whole = subprocess.run(command(config, tmp / "whole", steps, every), env=env,
                                cwd=ROOT, capture_output=True, text=True, timeout=1800)
         if whole.returncode != 0:
             raise RuntimeError(whole.stderr[-3000:])
-        stats = run_with_kills(command(config, tmp / "chaos", steps, every), tmp / "chaos",
-                               steps, kills, rng, env)
-        digests = [json.loads((tmp / d / "results.json").read_text())["params_sha256"]
-                   for d in ("whole", "chaos")]
-    same = digests[0] == digests[1]
-    lost = stats["lost"]
+        want = json.loads((tmp / "whole" / "results.json").read_text())["params_sha256"]
+        for name in args.faults:
+            workdir = tmp / name
+            row = FAULTS[name](command(config, workdir, steps, every), workdir, steps, rng,
+                               env, kills=kills, every=every)
+            got = json.loads((workdir / "results.json").read_text())["params_sha256"]
+            row.update(fault=name, same=got == want, hash=got[:16] + "...")
+            rows.append(row)
+            print(f"{name}: {row}", flush=True)
+    passed = all(r["ok"] and r["same"] for r in rows)
     table = markdown_table(
-        ["runs", "kills", "resumes", "steps lost per kill", "mean lost", "final hash equal",
-         "uninterrupted hash", "chaos hash"],
-        [[stats["runs"], stats["kills"], stats["resumes"], lost,
-          f"{sum(lost) / max(len(lost), 1):.1f}", "yes" if same else "NO",
-          f"{digests[0][:16]}...", f"{digests[1][:16]}..."]])
+        ["fault", "injected", "what the run did", "handled as described", "final hash equal",
+         "final hash"],
+        [[r["fault"], r["what"], r["seen"], "yes" if r["ok"] else "NO",
+          "yes" if r["same"] else "NO", r["hash"]] for r in rows])
     produced = (f"{reporting.command(__file__, argv)}: `{config}`, {steps} steps, checkpoint every "
-                f"{every}, {kills} kills by SIGKILL at random steps, seed {args.seed}.")
-    text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}, SIGKILL\n\n"
+                f"{every}, seed {args.seed}; uninterrupted hash {want[:16]}...")
+    text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}\n\n"
             f"{produced}\n\n{table}\n")
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)
-    return 0 if same else 1
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
