@@ -4,7 +4,6 @@ exit 2 and one paragraph, at once, and the same command resumes once the cause i
 import contextlib
 import errno
 import os
-import resource
 import stat
 import subprocess
 import sys
@@ -36,8 +35,10 @@ def test_storage_cause_walks_the_exception_chain():
     assert "in the workdir /w" in storage_message(OSError(errno.EFBIG, "File too large"), "/w")
 
 
-def _limit_file_size():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))  # 16 KiB per file
+def _with_file_size_limit(args: list[str]) -> list[str]:
+    """``args`` run by a shell whose file-size limit is 16 KiB (``ulimit -f`` counts 1 KiB
+    blocks); a shell, not ``preexec_fn``, which is unsafe to fork from a threaded process."""
+    return ["bash", "-c", 'ulimit -f 16 && exec "$@"', "bash", *args]
 
 
 def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(tmp_path):
@@ -45,8 +46,8 @@ def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(
 
     open_split("mnist1d", "train")  # prepared (in the session's data dir) before the limit
     args = command(tmp_path, "--config.total_steps=4", "--config.checkpoint_every=2")
-    limited = subprocess.run(args, cwd=REPO, env=environment(), capture_output=True, text=True,
-                             timeout=300, preexec_fn=_limit_file_size)
+    limited = subprocess.run(_with_file_size_limit(args), cwd=REPO, env=environment(),
+                             capture_output=True, text=True, timeout=300)
     assert limited.returncode == 2, limited.stderr[-3000:]
     errors = [line for line in limited.stderr.splitlines() if line.strip()
               and "Warning" not in line and "warn(" not in line]
