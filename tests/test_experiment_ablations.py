@@ -174,7 +174,7 @@ def test_temperature_script_quick(temperature, tmp_path):
 def test_sqrt_learning_rate_and_ceiling(batch_size):
     lrs = [batch_size.sqrt_scaled_lr(b) for b in batch_size.BATCHES]
     assert lrs == pytest.approx([1e-3, 2e-3 / math.sqrt(2), 2e-3, 2e-3 * math.sqrt(2), 4e-3,
-                                 4e-3 * math.sqrt(2)], rel=1e-12)
+                                 4e-3 * math.sqrt(2), 8e-3], rel=1e-12)
     assert batch_size.sqrt_scaled_lr(128) == 2e-3
     assert batch_size.log_n_ceiling(1) == 0.0  # one candidate: nothing to learn
     assert batch_size.log_n_ceiling(128) == math.log(255)
@@ -208,11 +208,11 @@ def test_batch_trends(batch_size):
 
 def test_batch_plan(batch_size):
     runs = batch_size.plan(batch_size.BATCHES, 5.0, None, 4000)
-    assert len(runs) == 11  # 6 + 6, batch 128 shared
+    assert len(runs) == 13  # 7 + 7, batch 128 shared
     by_regime = {r: {run.batch: run.steps for run in runs if r in run.regimes}
                  for r in batch_size.REGIMES}
     assert by_regime["equal_epochs"] == {32: 625, 64: 313, 128: 157, 256: 79, 512: 40,
-                                         1024: 20}
+                                         1024: 20, 2048: 10}
     assert set(by_regime["equal_steps"].values()) == {157}
     shared = [run for run in runs if len(run.regimes) == 2]
     assert [(run.batch, run.steps) for run in shared] == [(128, 157)]
@@ -228,17 +228,57 @@ def test_batch_plan(batch_size):
     assert len(batch_size.plan((32, 64), 5.0, 100, 4000)) == 4  # nothing shared
 
 
+def test_batch_plan_accumulation(batch_size):
+    runs = batch_size.plan((128, 256, 512), 5.0, None, 4000)
+    ks = {128: 1, 256: 1, 512: 2}
+    planned = batch_size.with_accumulation(runs, ks, (256, 4))
+    assert len(planned) == len(runs) + 1
+    for run in planned[:-1]:
+        assert run.accumulation_steps == ks[run.batch] and not run.cross_check
+        assert batch_size.make_config(run, seed=0).accumulation_steps == ks[run.batch]
+    check = planned[-1]  # the equal-steps run at 256 again, with 4 micro-batches
+    twin = next(r for r in planned if r.batch == 256 and "equal_steps" in r.regimes)
+    assert check.cross_check and check.regimes == ("equal_steps",)
+    assert (check.batch, check.accumulation_steps) == (256, 4)
+    assert (check.steps, check.learning_rate, check.warmup) == (
+        twin.steps, twin.learning_rate, twin.warmup)
+    assert batch_size.with_accumulation(runs, ks, None) == planned[:-1]
+    with pytest.raises(ValueError, match="cross-check"):  # the same K twice checks nothing
+        batch_size.with_accumulation(runs, ks, (512, 2))
+    with pytest.raises(ValueError, match="no equal-steps run at batch 1024"):
+        batch_size.with_accumulation(runs, ks, (1024, 4))
+
+
+def test_micro_batch_trials_fit_the_budget():
+    from common import sweep
+
+    config = load_config("configs/simclr_mnist1d.py:quick,batch=128")
+    config.total_steps = 2
+    whole = sweep.micro_batch_trials(config, math.inf)
+    assert list(whole) == [1] and whole[1] > 0
+    budget = 0.75 * whole[1]  # K = 1 no longer fits: the next powers of two are tried
+    trials = sweep.micro_batch_trials(config, budget)
+    ks = list(trials)
+    assert ks[0] == 1 and ks == [2**i for i in range(len(ks))] and len(ks) >= 2
+    assert trials[ks[-1]] <= budget < min(trials[k] for k in ks[:-1])
+    assert trials[ks[-1]] < whole[1]  # fewer activations held with micro-batches
+    with pytest.raises(ValueError, match="raise the budget"):
+        sweep.micro_batch_trials(config, 0.0, most=4)
+
+
 def test_batch_script_quick(batch_size, tmp_path):
     out = tmp_path / "batch"
     assert batch_size.main(["--quick", "--out", str(out)]) == 0
     rows = _rows(out.with_suffix(".csv"))
-    assert list(rows[0]) == ["regime", "batch", "seed", "steps", "epochs", "learning_rate",
-                             "warmup_steps", "log_n_ceiling", "shared_run", "status",
-                             "linear_probe", "knn", "contrastive_top1", "mi_bound", "loss",
-                             "train_s"]
-    assert [(r["regime"], r["batch"], r["steps"]) for r in rows] == [
-        ("equal_epochs", "64", "7"), ("equal_epochs", "128", "4"),
-        ("equal_steps", "64", "4"), ("equal_steps", "128", "4")]
+    assert list(rows[0]) == ["regime", "batch", "accumulation_steps", "cross_check", "seed",
+                             "steps", "epochs", "learning_rate", "warmup_steps",
+                             "log_n_ceiling", "shared_run", "status", "linear_probe", "knn",
+                             "contrastive_top1", "mi_bound", "loss", "train_s"]
+    assert [(r["regime"], r["batch"], r["accumulation_steps"], r["steps"]) for r in rows] == [
+        ("equal_epochs", "64", "1", "7"), ("equal_epochs", "128", "1", "4"),
+        ("equal_steps", "64", "1", "4"), ("equal_steps", "128", "1", "4"),
+        ("equal_steps", "128", "2", "4")]  # the cross-check: batch 128 with K = 2
+    assert [r["cross_check"] for r in rows] == ["False"] * 4 + ["True"]
     for row in rows:
         batch = int(row["batch"])
         assert row["status"] == "ok"
@@ -254,10 +294,12 @@ def test_batch_script_quick(batch_size, tmp_path):
     assert rows[1]["shared_run"] == rows[3]["shared_run"] == "True"
     assert rows[1]["linear_probe"] == rows[3]["linear_probe"]
     assert out.with_suffix(".png").stat().st_size > 10_000
-    _, produced, (table, trends) = read_report(out.with_suffix(".md"))  # measurements only
-    assert "3 training runs" in produced and "equal steps: 4 steps" in produced  # 128 shared
-    assert [(r["regime"], r["batch"], r["steps"]) for r in table] == [
-        (r["regime"].replace("_", " "), r["batch"], r["steps"]) for r in rows]
+    _, produced, (table, trends, memory, check) = read_report(out.with_suffix(".md"))
+    assert "4 training runs" in produced and "equal steps: 4 steps" in produced  # 128 shared
+    assert [(r["regime"], r["batch"], r["K"], r["steps"]) for r in table] == [
+        (r["regime"].replace("_", " ") + (" (cross-check)" if r["cross_check"] == "True"
+                                          else ""), r["batch"], r["accumulation_steps"],
+         r["steps"]) for r in rows]
     for cells, row in zip(table, rows, strict=True):
         assert cells["ceiling log(2B-1)"] == f"{float(row['log_n_ceiling']):.3f}"
         assert cells["log N - L (nats)"] == f"{float(row['mi_bound']):.2f} ± 0.00"
@@ -265,3 +307,17 @@ def test_batch_script_quick(batch_size, tmp_path):
     for t in trends:  # two batches: the ranks agree or disagree entirely
         assert t["Spearman rho: probe vs B"] in ("+1.00", "-1.00", "–")
         assert float(t["max (log N - L) / log(2B-1)"].rstrip("%")) < 100  # below log N
+    # the memory plan: both batches fit the default budget with K = 1
+    assert [(m["batch"], m["K run"]) for m in memory] == [("64", "1"), ("128", "1")]
+    assert memory[1]["step temporaries, MiB (budget 128)"].startswith("K=1: ")
+    # the cross-check: the same point with 2 micro-batches; the loss is a global-batch metric
+    # and the gradient exact but for BatchNorm's per-micro-batch statistics, so the two runs'
+    # losses agree closely (a per-micro-batch loss would be about log 2 lower)
+    base, twin = rows[3], rows[4]
+    assert abs(float(base["loss"]) - float(twin["loss"])) < 0.1
+    by_metric = {c["metric (x100 for accuracies)"]: c for c in check}
+    assert list(by_metric) == ["linear_probe", "knn", "contrastive_top1", "mi_bound", "loss"]
+    assert by_metric["loss"]["B=128, K=1"] == f"{float(base['loss']):.4f} ± 0.0000"
+    assert by_metric["loss"]["B=128, K=2"] == f"{float(twin['loss']):.4f} ± 0.0000"
+    assert float(by_metric["loss"]["max per-seed difference"]) == pytest.approx(
+        abs(float(base["loss"]) - float(twin["loss"])), abs=1e-5)

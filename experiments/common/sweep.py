@@ -128,3 +128,30 @@ def late_metrics(result: Mapping[str, Any]) -> tuple[dict[str, float], bool]:
     late = {**last, **result.get("tail_metrics", {})}
     values = (late["loss"], last["loss"], result["linear_probe"], result["knn"])
     return late, all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+def step_temporaries_mb(config) -> float:
+    """XLA's temporary memory (MiB) of ``config``'s compiled train step
+    (``memory_analysis().temp_size_in_bytes``; the activations held for the backward pass),
+    compiled for the shapes of its first training batch on this machine's backend."""
+    started = start_run(config)
+    compiled = started.step_fn.lower(started.state, next(started.stream)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+
+def micro_batch_trials(config, budget_mb: float, *, most: int = 64) -> dict[int, float]:
+    """``{K: MiB}``: the compiled step's temporaries (:func:`step_temporaries_mb`) with
+    ``config.accumulation_steps = K`` for K = 1, 2, 4, ... (powers of two dividing the batch),
+    up to the first within ``budget_mb``, which is the last key. Raises ValueError if even
+    ``most`` micro-batches do not fit."""
+    trials, k, batch = {}, 1, config.data.batch_size
+    while k <= min(most, batch):
+        if batch % k == 0:
+            trial = config.copy_and_resolve_references()
+            trial.accumulation_steps = k
+            trials[k] = step_temporaries_mb(trial)
+            if trials[k] <= budget_mb:
+                return trials
+        k *= 2
+    raise ValueError(f"batch {batch} does not fit {budget_mb} MiB of step temporaries with up "
+                     f"to {most} micro-batches ({trials}): raise the budget")
