@@ -35,6 +35,7 @@ from contrastive_jax.errors import (
     storage_cause,
     storage_message,
 )
+from contrastive_jax.training.compilation_cache import enable_compilation_cache
 from contrastive_jax.training.distributed import (
     check_same_config,
     initialize,
@@ -110,33 +111,6 @@ def load_config():
         raise ConfigError(f"--config={flags.FLAGS['config'].serialize().partition('=')[2]} "
                           f"could not be loaded: {_last_line(err)}") from None
     return config
-
-
-CACHE_ENV = "CONTRASTIVE_JAX_COMPILATION_CACHE"
-
-
-def compilation_cache_dir(environ=os.environ) -> str | None:
-    """Where JAX's persistent compilation cache lives: ``$CONTRASTIVE_JAX_COMPILATION_CACHE``
-    (``off``: no cache), else ``$XDG_CACHE_HOME`` or ``~/.cache``, then
-    ``contrastive_jax/jax_compilation_cache``. Shared by every run of the user (a rerun, a
-    resume, a sweep reuse the compiled steps; the key covers the program, shapes, flags and
-    versions)."""
-    path = environ.get(CACHE_ENV)
-    if path is not None:
-        return None if path.strip().lower() in ("", "off", "0", "none") else path
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "contrastive_jax", "jax_compilation_cache")
-
-
-def enable_compilation_cache() -> None:
-    """Turn on JAX's persistent compilation cache (:func:`compilation_cache_dir`) for programs
-    that take over a second to compile."""
-    import jax
-
-    path = compilation_cache_dir()
-    if path is not None:
-        jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def main(argv: list[str]) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contrastive_jax.main import compilation_cache_dir
 from contrastive_jax.training import train
+from contrastive_jax.training.compilation_cache import compilation_cache_dir
 from contrastive_jax.training.progress import MetricWindow
 
 sys.path.insert(0, str(Path(__file__).parent))
