@@ -1,6 +1,8 @@
 """Gradient-accumulation benchmark: memory and time of one CLIP train step against K.
 
-    python benchmarks/accumulation_bench.py [--batch 2048] [--steps 1 2 4 8] [--runs 3]
+    python benchmarks/accumulation_bench.py [--batch 512] [--steps 1 2 4 8] [--runs 3]
+    python benchmarks/accumulation_bench.py --batch 2048 --runs 0 \
+        --out experiments/results/accumulation_memory.md     # compile only: memory
 
 One CLIP step (ViT on 32x32 RGB images, 4 blocks of width 128, 64 patches; a text Transformer
 of 2 blocks over 16 tokens; dropout 0.1; the tiled loss; AdamW) at a fixed global batch, with
@@ -9,7 +11,8 @@ of 2 blocks over 16 tokens; dropout 0.1; the tiled loss; AdamW) at a fixed globa
 - XLA's temporary memory of the compiled step (``memory_analysis().temp_size_in_bytes``): the
   activations kept for the backward pass, which should fall as ~1/K plus the O(B d) rows;
 - the median wall time of ``--runs`` steps after a warm-up, and its ratio to K = 1 (the
-  second forward of the gradient cache costs about a third of a step).
+  second forward of the gradient cache costs about a third of a step); ``--runs 0`` compiles
+  only (memory at batches too slow to time here).
 
 Writes ``experiments/results/accumulation_bench.md``.
 """
@@ -64,6 +67,9 @@ def measure(batch: int, steps: int, runs: int) -> dict:
             "caption": rng.integers(1, 1000, (batch, 16)).astype(np.int32)}
     compiled = step.lower(state, data).compile()
     temp = compiled.memory_analysis().temp_size_in_bytes
+    if runs == 0:
+        return {"K": steps, "micro": batch // steps, "temp_mb": temp / 2**20,
+                "time_s": float("nan"), "loss": float("nan")}
     state, metrics = compiled(state, data)  # warm-up
     jax.block_until_ready(metrics)
     times = []
@@ -78,8 +84,8 @@ def measure(batch: int, steps: int, runs: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=2048,
-                        help="global batch (default: the largest power of two whose K = 1 step "
+    parser.add_argument("--batch", type=int, default=512,
+                        help="global batch (2048: the largest power of two whose K = 1 step "
                              "fits this 24 GiB machine; 4096 would need ~22 GB of temporaries)")
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--runs", type=int, default=3)
@@ -91,13 +97,15 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"K={k}: temp {row['temp_mb']:.1f} MB, step {row['time_s']:.3f} s, "
               f"loss {row['loss']:.6f}", flush=True)
+    timed = args.runs > 0
     base = rows[0]
     lines = [
         "# Gradient accumulation: memory and time of one CLIP step",
         "",
         f"Global batch {args.batch}, one CPU device, f32; ViT 32x32 (4 x 128, 64 patches) and a "
         "text Transformer (2 x 128, 16 tokens), dropout 0.1, tiled loss, AdamW. "
-        "`python benchmarks/accumulation_bench.py`; method in its docstring. Temporaries: "
+        f"`python benchmarks/accumulation_bench.py --batch {args.batch} --runs {args.runs}`; "
+        "method in its docstring. Temporaries: "
         "XLA's `memory_analysis().temp_size_in_bytes` of the compiled step.",
         "",
         "| K | micro-batch | temporaries (MB) | vs K = 1 | step (s) | vs K = 1 | loss |",
@@ -105,8 +113,9 @@ def main(argv=None) -> int:
     ]
     for r in rows:
         lines.append(f"| {r['K']} | {r['micro']} | {r['temp_mb']:.1f} | "
-                     f"{r['temp_mb'] / base['temp_mb']:.2f} | {r['time_s']:.3f} | "
-                     f"{r['time_s'] / base['time_s']:.2f}x | {r['loss']:.6f} |")
+                     f"{r['temp_mb'] / base['temp_mb']:.2f} | "
+                     + (f"{r['time_s']:.3f} | {r['time_s'] / base['time_s']:.2f}x | "
+                        f"{r['loss']:.6f} |" if timed else "not run | – | – |"))
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
