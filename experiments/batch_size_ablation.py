@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         + f", seeds {', '.join(map(str, seeds))}, {len(runs) * len(seeds)} training runs; "
         f"equal epochs: {epochs:g} epochs of {size} examples; equal steps: "
         f"{rows[-1]['steps']} steps; K: the fewest micro-batches whose compiled step keeps its "
-        f"temporaries within {args.memory_budget_mb:g} MiB (exact accumulation); mean ± std "
+        f"temporaries within {args.memory_budget_mb:g} MiB (BatchNorm per micro-batch); mean ± std "
         f"over seeds; top-1 and log N - L: late-training means ({sweep.TAIL_FRACTION:.0%} of "
         f"the steps, logged every {sweep.LOG_EVERY}).")
     tables = [results_table(summary), trends_table(summary),
