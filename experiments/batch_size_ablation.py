@@ -229,9 +229,9 @@ def figure(summary: Sequence[Mapping[str, Any]]):
                         yerr=[s[key + "_std"] for s in points], color=color, marker="o",
                         capsize=3, label=regime.replace("_", " "))
             ax.plot([s["batch"] for s in accumulated], [s[key] for s in accumulated], "o",
-                    color="white", markeredgecolor=color, markersize=5)
+                    color="white", markeredgecolor=color, markersize=5, zorder=4)
             for s in checks:
-                ax.plot([s["batch"]], [s[key]], "*", color="C3", markersize=11,
+                ax.plot([s["batch"]], [s[key]], "*", color="C3", markersize=11, zorder=5,
                         label=f"B={s['batch']}, K={s['accumulation_steps']}")
     axes[2].plot(batches, [log_n_ceiling(b) for b in batches], "k--", label="ceiling log(2B - 1)")
     for ax, title in zip(axes, titles, strict=True):
