@@ -19,28 +19,26 @@ settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True)
 settings.load_profile("ci")
 
 
+def _session_env(name: str, value: str):
+    """Set the environment variable ``name`` to ``value`` for the session, then restore it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    yield value
+    if old is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = old
+
+
 @pytest.fixture(scope="session", autouse=True)
 def data_dir(tmp_path_factory):
     """One TFDS data dir for the session (never the user's cache); datasets build on first use."""
-    path = tmp_path_factory.mktemp("datasets")
-    old = os.environ.get("CONTRASTIVE_JAX_DATA_DIR")
-    os.environ["CONTRASTIVE_JAX_DATA_DIR"] = str(path)
-    yield str(path)
-    if old is None:
-        os.environ.pop("CONTRASTIVE_JAX_DATA_DIR", None)
-    else:
-        os.environ["CONTRASTIVE_JAX_DATA_DIR"] = old
+    yield from _session_env("CONTRASTIVE_JAX_DATA_DIR", str(tmp_path_factory.mktemp("datasets")))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
     """The command line's persistent compilation cache for this session's subprocesses (never
     the user's cache); later runs of the same quick configs reuse the compiled steps."""
-    path = tmp_path_factory.mktemp("jax_compilation_cache")
-    old = os.environ.get("CONTRASTIVE_JAX_COMPILATION_CACHE")
-    os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"] = str(path)
-    yield str(path)
-    if old is None:
-        os.environ.pop("CONTRASTIVE_JAX_COMPILATION_CACHE", None)
-    else:
-        os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"] = old
+    yield from _session_env("CONTRASTIVE_JAX_COMPILATION_CACHE",
+                            str(tmp_path_factory.mktemp("jax_compilation_cache")))

@@ -165,18 +165,12 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     agree on the step, save one checkpoint there and exit 0; the run then resumes from it."""
     port = str(_free_port())
     workdir = tmp_path / "run"
-    root = pathlib.Path(__file__).resolve().parents[1]
 
     def start(i):
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
-                   CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
-        return subprocess.Popen(
-            [sys.executable, "-m", "contrastive_jax.main",
-             "--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
-             "--config.total_steps=400", "--config.checkpoint_every=1000",
-             "--config.log_every=1", "--config.evaluation.enabled=False"],
-            env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return _cli_process(i, port, [
+            "--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
+            "--config.total_steps=400", "--config.checkpoint_every=1000",
+            "--config.log_every=1", "--config.evaluation.enabled=False"])
 
     procs = [start(0), start(1)]
     metrics = workdir / "metrics.jsonl"
@@ -201,33 +195,37 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     assert saved[-1] == stopped
 
 
-def test_processes_with_different_configs_stop_at_start_naming_the_difference(tmp_path):
-    """Two processes, batch 64 and 32 (it used to end in SIGABRT after 24-81 s with gloo
-    messages): both exit 2 at start-up, naming data.batch_size and process 0's value."""
-    port = str(_free_port())
-    root = pathlib.Path(__file__).resolve().parents[1]
+def _cli_process(i: int, port: str, args: list[str]) -> subprocess.Popen:
+    """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
+               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
+    return subprocess.Popen([sys.executable, "-m", "contrastive_jax.main", *args], env=env,
+                            cwd=pathlib.Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def start(i, batch):
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
-                   CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
-        return subprocess.Popen(
-            [sys.executable, "-m", "contrastive_jax.main",
-             "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path / 'run'}",
-             "--config.total_steps=4", f"--config.data.batch_size={batch}",
-             # a per-host data dir may differ; it is not a different run
-             f"--config.data.data_dir={tmp_path / ('data' + str(i))}",
-             "--config.evaluation.enabled=False"],
-            env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    procs = [start(0, 64), start(1, 32)]
+def _finish_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
     try:
-        outs = [p.communicate(timeout=120) for p in procs]
+        return [p.communicate(timeout=120) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_processes_with_different_configs_stop_at_start_naming_the_difference(tmp_path):
+    """Two processes, batch 64 and 32 (it used to end in SIGABRT after 24-81 s with gloo
+    messages): both exit 2 at start-up, naming data.batch_size and process 0's value."""
+    port = str(_free_port())
+    procs = [_cli_process(i, port, [
+        "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path / 'run'}",
+        "--config.total_steps=4", f"--config.data.batch_size={batch}",
+        # a per-host data dir may differ; it is not a different run
+        f"--config.data.data_dir={tmp_path / ('data' + str(i))}",
+        "--config.evaluation.enabled=False"]) for i, batch in ((0, 64), (1, 32))]
+    outs = _finish_all(procs)
     assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
     for _, err in outs:
         assert "Traceback" not in err
