@@ -32,6 +32,11 @@ LAST_VALUE = ("skipped", "skipped_in_a_row", "learning_rate")  # not averaged ov
 
 
 @jax.jit
+def _as_float(metrics):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
+
+
+@jax.jit
 def _add(total, metrics):
     return jax.tree.map(lambda a, b: a + b.astype(a.dtype), total, metrics)
 
@@ -44,8 +49,7 @@ class MetricWindow:
         self._sum, self._last, self.count = None, None, 0
 
     def add(self, metrics: Mapping[str, jax.Array]) -> None:
-        as_float = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        self._sum = as_float if self._sum is None else _add(self._sum, as_float)
+        self._sum = _as_float(metrics) if self._sum is None else _add(self._sum, metrics)
         self._last, self.count = metrics, self.count + 1
 
     def mean(self) -> dict[str, float]:
