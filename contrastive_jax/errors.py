@@ -12,6 +12,7 @@ it the same way.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 
 
 class ContrastiveJaxError(Exception):
@@ -63,21 +64,25 @@ STORAGE_ERRNOS = {
 }
 
 
-def storage_cause(err: BaseException | None) -> OSError | None:
-    """The first ``OSError`` in ``err``'s chain (``__cause__``, ``__context__``, exception
-    groups) whose errno is one of :data:`STORAGE_ERRNOS` (disk full, file-size limit, read-only
-    or forbidden files), or None: a failed write the user must fix, not a bug."""
-    seen = set()
-    todo = [err]
+def exception_chain(err: BaseException | None) -> Iterator[BaseException]:
+    """``err`` and every exception it wraps (``__cause__``, ``__context__``, the members of an
+    exception group), each once."""
+    seen, todo = set(), [err]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-            return e
+        yield e
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-    return None
+
+
+def storage_cause(err: BaseException | None) -> OSError | None:
+    """The first ``OSError`` in ``err``'s chain (``__cause__``, ``__context__``, exception
+    groups) whose errno is one of :data:`STORAGE_ERRNOS` (disk full, file-size limit, read-only
+    or forbidden files), or None: a failed write the user must fix, not a bug."""
+    return next((e for e in exception_chain(err)
+                 if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
 
 
 def storage_message(cause: OSError, workdir: str | None = None) -> str:

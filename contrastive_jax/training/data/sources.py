@@ -16,7 +16,12 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from contrastive_jax.errors import ConfigError, DataError, DatasetNotPreparedError
+from contrastive_jax.errors import (
+    ConfigError,
+    DataError,
+    DatasetNotPreparedError,
+    exception_chain,
+)
 from contrastive_jax.training.data.correlated_gaussians import CorrelatedGaussians, correlation_for
 from contrastive_jax.training.data.prepare import is_local, prepare, resolve_data_dir
 
@@ -72,12 +77,7 @@ def damaged_data_error(err: BaseException, name: str, data_dir: str | None = Non
     in its chain) is a record reader's complaint about damaged files (a truncated or corrupted
     array_record file: "Corrupted Riegeli/records file: chunk data hash mismatch"); else None.
     Such damage only shows when the records are read, so the trainer converts it there."""
-    seen, todo = set(), [err]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in exception_chain(err):
         text = str(e)
         if any(marker in text for marker in DAMAGED_RECORDS) and not isinstance(e, DataError):
             data_dir = resolve_data_dir(data_dir)
@@ -86,7 +86,6 @@ def damaged_data_error(err: BaseException, name: str, data_dir: str | None = Non
                 f"the record files of dataset {name!r} in {data_dir} are damaged (truncated or "
                 f"corrupted: {first}). Prepare it again with\n    "
                 f"{prepare_command(name, data_dir)} --overwrite\nthen run the same command.")
-        todo += [e.__cause__, e.__context__]
     return None
 
 
