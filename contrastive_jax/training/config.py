@@ -16,6 +16,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training import state_sharding
 
 
 def parse(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -55,7 +56,8 @@ def base_config() -> ml_collections.ConfigDict:
     ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
     :func:`contrastive_jax.training.evaluation.frozen_model.evaluate`), ``mesh`` (axis sizes;
-    ``-1`` takes the rest of the devices), ``launch`` (multi-process settings,
+    ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
+:mod:`contrastive_jax.training.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.distributed.launch_settings`; empty: from the environment,
     else a single process).
     """
@@ -84,6 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
                        # feature equals the query's ("caption_id", "label"); "" = its own pair
                        "retrieval_match": ""},
         "mesh": {"data": -1},
+        # where the train state lives: "replicated" | "fsdp" (split over fsdp_axis), with
+        # exceptions by regex (contrastive_jax.training.state_sharding)
+        "sharding": state_sharding.default_config(),
         # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),
                    "num_processes": placeholder(int), "process_id": placeholder(int),

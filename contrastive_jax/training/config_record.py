@@ -3,7 +3,8 @@
 Every run writes its whole config (after variants and command-line overrides) to
 ``workdir/config.json`` at start. A run that resumes from the workdir's checkpoints compares its
 config with the recorded one: a difference outside :data:`MAY_CHANGE` (the run's length,
-logging, checkpointing, evaluation, launch settings and where the data lives) would silently
+logging, checkpointing, evaluation, launch settings, where the data lives, and the mesh and
+the state's sharding, which a checkpoint restores onto whatever they are) would silently
 continue another experiment, so it stops with the list of differences, unless the change is
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``.
@@ -25,7 +26,8 @@ from contrastive_jax.training import json_output
 
 RECORD = "config.json"
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
-              "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir")
+              "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir", "mesh",
+              "sharding")
 
 
 def plain(config: ml_collections.ConfigDict | Mapping) -> dict[str, Any]:

@@ -5,7 +5,9 @@
 1. :func:`prepare_run`: the mesh (``config.mesh``, default all devices on ``data``), the method
    (:func:`contrastive_jax.training.methods.method_for`), the training stream (global batches
    sharded over ``data``, :mod:`contrastive_jax.training.data`), the model and the optimiser in
-   a fresh :class:`~contrastive_jax.training.train_state.TrainState` replicated on the mesh,
+   a fresh :class:`~contrastive_jax.training.train_state.TrainState` placed on the mesh as
+   ``config.sharding`` says (replicated, or split over ``data``: FSDP,
+   :mod:`contrastive_jax.training.state_sharding`),
    restored from the latest checkpoint in ``workdir`` when there is one (with the data
    iterator's position, so the run continues the exact stream);
 2. the loop: ``state, metrics = step(state, batch)`` (one jitted pure function of the graph
@@ -20,7 +22,8 @@
 
 The method supplies the loss and whatever it adds to the state and the results
 (:class:`~contrastive_jax.training.methods.Method`); nothing here knows which method runs.
-Under ``jit`` the parameters are replicated and the batch is split over ``data``: the encoders
+Under ``jit`` the batch is split over ``data`` and the parameters are replicated or, under
+FSDP, gathered where they are used (their gradients reduce-scattered): the encoders
 run data-parallel, BatchNorm statistics are over the global batch (SimCLR's global BN), and the
 gradients are all-reduced by XLA. The loss is the single-device loss on the global arrays or a
 sharded loss (``loss.strategy``), both exact over the global batch.
@@ -56,12 +59,8 @@ from contrastive_jax.training.methods import LossSettings, Method, MethodContext
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
 from contrastive_jax.training.preemption import StopSignal
 from contrastive_jax.training.progress import MetricWindow, Progress
-from contrastive_jax.training.train_state import (
-    TrainState,
-    create_state,
-    params_digest,
-    replicated,
-)
+from contrastive_jax.training.state_sharding import state_shardings
+from contrastive_jax.training.train_state import TrainState, create_state, params_digest
 from contrastive_jax.training.workdir_lock import workdir_lock
 
 
@@ -154,14 +153,16 @@ def make_context(config, mesh: Mesh, graphdef) -> MethodContext:
 
 def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,
                   tx: optax.GradientTransformation, steps: int, method: Method):
-    """:func:`train_step` jitted over the mesh: state replicated (donated), batch on ``data``."""
+    """:func:`train_step` jitted over the mesh: the state (donated) keeps the shardings of
+    ``config.sharding`` (:func:`~contrastive_jax.training.state_sharding.state_shardings`),
+    the batch is split over ``data``."""
     ctx = make_context(config, mesh, graphdef)
     schedule = functools.partial(current_learning_rate, config.optimizer.to_dict(), steps)
     step = functools.partial(train_step, graphdef=graphdef, tx=tx, method=method, ctx=ctx,
                              learning_rate=schedule,
                              accumulation_steps=config.get("accumulation_steps", 1))
-    return jax.jit(step, out_shardings=(replicated(mesh, state), NamedSharding(mesh, P())),
-                   donate_argnums=0)
+    shardings = state_shardings(config.get("sharding"), mesh, state)
+    return jax.jit(step, out_shardings=(shardings, NamedSharding(mesh, P())), donate_argnums=0)
 
 
 @dataclasses.dataclass
@@ -191,7 +192,7 @@ class Run:
 
 def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
                 ) -> tuple[Run, TrainState]:
-    """The run's mesh, method, data, model and optimiser, and a fresh replicated state.
+    """The run's mesh, method, data, model and optimiser, and a fresh state on the mesh.
 
     Bad settings fail here, before any compilation, with a :class:`ConfigError`.
     """
@@ -206,7 +207,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
                         config.data.data_dir or None, config.data.options.to_dict() or None)
     steps = total_steps(config, len(source))
     graphdef, state, tx = create_state(config, steps, method)
-    state = jax.device_put(state, replicated(mesh, state))
+    state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
     run = Run(config, pathlib.Path(workdir), mesh, method, steps, graphdef, tx, source,
               train_iterator(config.data, mesh), start)
     return run, state

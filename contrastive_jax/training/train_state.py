@@ -60,12 +60,24 @@ def replicated(mesh: Mesh, tree):
     return jax.tree.map(lambda _: NamedSharding(mesh, P()), tree)
 
 
+def host_value(leaf) -> np.ndarray:
+    """The whole of ``leaf`` as a NumPy array on this host, however it is sharded (a leaf split
+    over several processes' devices, as under FSDP, is all-gathered: every process must call)."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if leaf.sharding.is_fully_replicated:
+            return np.asarray(leaf.addressable_data(0))
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    return np.asarray(leaf)
+
+
 def params_digest(state: TrainState) -> str:
     """SHA-256 of the parameters and the other model state (BatchNorm statistics), leaf by leaf
     in tree order: equal digests mean bit-identical models."""
     digest = hashlib.sha256()
     for leaf in jax.tree.leaves((state.params, state.rest)):
-        value = np.asarray(leaf.addressable_data(0) if isinstance(leaf, jax.Array) else leaf)
+        value = host_value(leaf)
         digest.update(str((value.shape, value.dtype.str)).encode())
         digest.update(np.ascontiguousarray(value).tobytes())
     return digest.hexdigest()
