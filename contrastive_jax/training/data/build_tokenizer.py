@@ -79,6 +79,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int,
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); 0 on success, 2 with one line on a user error."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True, help="TFDS name, e.g. coco_captions")
     parser.add_argument("--data_dir", default=None, help="TFDS data dir (array_record)")
