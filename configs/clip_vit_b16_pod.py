@@ -3,38 +3,86 @@
 On a TPU pod (every worker, same command; see README "Launching"):
 
     CONTRASTIVE_JAX_DISTRIBUTED=auto python -m contrastive_jax.main \\
-        --config=configs/clip_vit_b16_pod.py --workdir=gs://BUCKET/clip_b16 \\
-        --config.data.data_dir=gs://BUCKET/tensorflow_datasets
+        --config=configs/clip_vit_b16_pod.py:tokenizer=gs://BUCKET/coco_sp32k.model \\
+        --workdir=gs://BUCKET/clip_b16 --config.data.data_dir=gs://BUCKET/tensorflow_datasets
 
-The dataset (default ``coco_captions``) must be prepared as array_record in ``data_dir``
-(``tfds build coco_captions --file_format=array_record``). Images are resized (shorter side)
-and centre-cropped to 224, captions tokenised with the word vocabulary file
-``data.preprocess.vocabulary`` (build one from the dataset's captions; the default is the
-package's tiny digit vocabulary) and cut at 32 tokens. The loss is the exact CLIP loss with
-negatives passed round a ring of all devices (memory O(N d / D) per device,
-contrastive_jax.losses.sharded), so the 32768 x 32768 logits are never built anywhere.
+**Data** (docs/data.md "Image-text datasets"). The dataset (default ``coco_captions``, COCO
+2014 with Karpathy & Fei-Fei's splits: train 82,783, restval 30,504, val 5,000, test 5,000
+images, 5-7 captions each) must be prepared once as array_record in ``data_dir``, on a machine
+with internet and TensorFlow (``tfds build coco_captions --file_format=array_record``); this
+program reads the prepared folder without TensorFlow. Training uses ``train+restval``
+(113,287 images, the usual Karpathy training set); evaluation (retrieval Recall@k both ways,
+alignment, uniformity; the exact pair is the match) runs on ``val``; set
+``data.eval_split=test`` for the 5k-test numbers. Images are resized (shorter side) and
+centre-cropped to 224; of an image's captions, epoch ``e`` takes caption ``e mod k``.
 
-Variants: ``data`` (TFDS name), ``batch``, ``steps``, ``strategy``, ``tiny`` (a few-KB model,
-batch 16, one step: the test suite runs it on 8 CPU devices).
+**Tokenizer.** A SentencePiece model built from the training captions
+(``python -m contrastive_jax.training.data.build_tokenizer --dataset=coco_captions
+--split=train+restval --vocab_size=32000 --data_dir=... --output=coco_sp32k.model``), given by
+the variant ``tokenizer=PATH`` (``data.preprocess.tokenizer.path``); captions are cut at 32
+tokens. The text tower has ``vocab_size`` = 32000 embedding rows; a tokenizer needing more is
+a ConfigError at start (``data.preprocess.vocab_size`` follows
+``model.text_encoder.vocab_size``). Without a tokenizer the run stops at start with the
+command above.
+
+**Steps.** ``steps`` (default 0) is derived from ``epochs`` and the dataset's training size:
+``ceil(epochs * 113,287 / batch)``. At 32768 a COCO epoch is only 3.46 steps, so the default
+100 epochs is 346 steps (11.3M image-text pairs seen; each image 100 times, each of its
+captions ~20 times), with a linear warmup over the first 10% (34 steps) then cosine decay.
+COCO is small for a 32k batch: a from-scratch ViT-B/16 on it is data-limited long before
+CLIP's 12.8B samples, and more epochs mostly overfit, so the template keeps the pass count
+moderate; for a larger dataset pass ``data=NAME`` with ``epochs=`` (its training size must be
+in ``TRAIN_EXAMPLES``) or ``steps=N``.
+
+The loss is the exact CLIP loss with negatives passed round a ring of all devices (memory
+O(N d / D) per device, contrastive_jax.losses.sharded), so the 32768 x 32768 logits are never
+built anywhere.
+
+Variants: ``data`` (TFDS name), ``batch``, ``epochs``, ``steps``, ``strategy``, ``tokenizer``,
+``tiny`` (a few-KB model, batch 16, one step: the test suite runs it on 8 CPU devices on mock
+``coco_captions``).
 """
+
+import math
 
 import ml_collections
 
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations, data
 from contrastive_jax.training.config import base_config, parse
 
+# Training examples of the datasets whose step count the template derives from ``epochs``
+# (TFDS catalog sizes of the prepared splits).
+TRAIN_EXAMPLES = {("coco_captions", "train+restval"): 82_783 + 30_504,
+                  ("coco_captions", "train"): 82_783}
+TRAIN_SPLIT = {"coco_captions": "train+restval"}
+WARMUP_FRACTION = 0.1
+
+
+def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
+    """``ceil(epochs * examples / batch)`` for a dataset in TRAIN_EXAMPLES."""
+    if (name, split) not in TRAIN_EXAMPLES:
+        raise ConfigError(f"the template does not know the size of {name}[{split}]; give the "
+                          "step count with the variant steps=N")
+    return math.ceil(epochs * TRAIN_EXAMPLES[name, split] / batch)
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    v = parse(arg, data="coco_captions", batch=32768, steps=20000, strategy="ring",
-              tiny=False)
+    v = parse(arg, data="coco_captions", batch=32768, epochs=100, steps=0, strategy="ring",
+              tokenizer="", tiny=False)
     config = base_config()
-    config.total_steps = v.steps
     config.data = data.default_config()
+    split = TRAIN_SPLIT.get(v.data, "train")
     config.data.update({"name": v.data, "batch_size": v.batch, "num_threads": 16,
-                        "prefetch": 4})
+                        "prefetch": 4, "train_split": split, "eval_split": "val",
+                        # a multiple of 256 devices; val's 5000 images in 2 padded batches
+                        "eval_batch_size": 2560})
+    config.total_steps = v.steps or steps_for(v.data, split, v.epochs, v.batch)
+    config.num_epochs = float(v.epochs)  # recorded; total_steps above is what runs
     config.data.preprocess = {"name": "image_text", "image_key": "image",
                               "caption_key": "captions/text", "image_size": 224,
-                              "max_tokens": 32, "vocabulary": ""}
+                              "max_tokens": 32,
+                              "tokenizer": {"kind": "sentencepiece", "path": v.tokenizer}}
     config.input_key = "image"
     config.text_key = "caption"
     config.augment = augmentations.default_config("image")
@@ -46,7 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "sample_encoder": {"name": "vit", "image_size": 224, "patch": 16, "in_channels": 3,
                            "width": 768, "depth": 12, "heads": 12, "mlp_ratio": 4,
                            "features": 768},
-        "text_encoder": {"name": "text_transformer", "vocab_size": 49408, "max_tokens": 32,
+        "text_encoder": {"name": "text_transformer", "vocab_size": 32000, "max_tokens": 32,
                          "width": 512, "depth": 12, "heads": 8, "mlp_ratio": 4,
                          "features": 512},
         "embed_dim": 512,
@@ -54,18 +102,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     }
     config.method = "clip"
     config.loss = {"name": "clip", "strategy": v.strategy, "block_size": 1024}
-    config.optimizer = {"name": "adamw", "learning_rate": 5e-4, "warmup_steps": 2000,
+    config.optimizer = {"name": "adamw", "learning_rate": 5e-4,
+                        "warmup_steps": int(WARMUP_FRACTION * config.total_steps),
                         "b1": 0.9, "b2": 0.98, "eps": 1e-6, "weight_decay": 0.2,
                         "grad_clip_norm": 1.0}
+    # the tokenizer's ids must fit the text tower's embedding rows (checked at start)
+    config.data.preprocess.vocab_size = config.model.text_encoder.get_ref("vocab_size")
     # captions, no labels: retrieval Recall@k both ways, alignment and uniformity on the
     # evaluation split (one caption per image, the exact pair is the match)
-    config.data.eval_split = "val"
     config.evaluation.classification = False
-    config.log_every = 20
-    config.checkpoint_every = 1000
+    config.log_every = 10
+    config.checkpoint_every = 50  # ~15 COCO epochs at 32k; the last step is saved as well
     if v.tiny:
-        config.data.update({"batch_size": 16, "num_threads": 1, "prefetch": 1,
-                            "eval_split": "train"})
+        config.data.update({"batch_size": 16, "eval_batch_size": 16, "num_threads": 1,
+                            "prefetch": 1})
         config.data.preprocess.update({"image_size": 32, "max_tokens": 12})
         config.total_steps = 1
         config.log_every = 1

@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
@@ -175,46 +174,6 @@ def test_command_line_runs_reports_and_resumes(tmp_path):
          "--config.data.batchsize=4"], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=300)
     assert bad.returncode != 0 and "batchsize" in bad.stderr
-
-
-class CocoLikeForTests(tfds.core.GeneratorBasedBuilder):
-    """Variable-size RGB images with lists of captions, like coco_captions."""
-
-    name = "coco_like_for_tests"
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-            "image": tfds.features.Tensor(shape=(None, None, 3), dtype=np.uint8,
-                                          encoding=tfds.features.Encoding.ZLIB),
-            "captions": tfds.features.Sequence({"text": tfds.features.Text()})}))
-
-    def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples(32)}
-
-    def _generate_examples(self, n):
-        rng = np.random.default_rng(0)
-        for i in range(n):
-            image = rng.integers(0, 256, (40 + i, 48 + 2 * i, 3), dtype=np.uint8)
-            yield i, {"image": image, "captions": {"text": [f"a photo of the digit {i % 10}",
-                                                            "another caption"]}}
-
-
-def test_pod_template_runs_one_step_at_tiny_size(tmp_path):
-    data_dir = tmp_path / "tfds"
-    CocoLikeForTests(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
-    config = load_config("clip_vit_b16_pod.py:tiny,data=coco_like_for_tests")
-    assert config.loss.strategy == "ring"
-    config.data.data_dir = str(data_dir)
-    results = train.train_and_evaluate(config, str(tmp_path / "run"))
-    assert results["steps"] == 1 and results["devices"] == 8
-    assert np.isfinite(results["final_train_metrics"]["loss"])
-    # captions without labels: retrieval and geometry, no probe
-    assert "linear_probe" not in results and "zero_shot" not in results
-    assert 0 <= results["x_to_y_r1"] <= results["x_to_y_r5"] <= results["x_to_y_r10"] <= 1
-    assert 0 <= results["alignment"] <= 4 and results["uniformity"] <= 0
-    full = load_config("clip_vit_b16_pod.py")  # the real template's numbers
-    assert full.data.batch_size == 32768 and full.model.sample_encoder.width == 768
 
 
 def test_mutual_information_run_reports_the_true_value(tmp_path):

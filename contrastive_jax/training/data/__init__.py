@@ -10,6 +10,10 @@ into
   global ``jax.Array`` s, with a checkpointable iterator; padded evaluation passes.
 - :mod:`~contrastive_jax.training.data.captions`: caption templates, vocabulary, tokens, zero-shot
   prompts.
+- :mod:`~contrastive_jax.training.data.text_tokenizers`: caption tokenizers (a word vocabulary,
+  SentencePiece) for ``data.preprocess.tokenizer``; id 0 is padding.
+- :mod:`~contrastive_jax.training.data.build_tokenizer`: the command that builds a SentencePiece
+  model from a prepared dataset's captions.
 - :mod:`~contrastive_jax.training.data.correlated_gaussians`: pairs with known mutual information.
 """
 

@@ -95,7 +95,7 @@ def per_host_batch_size(global_batch_size: int, shard: HostShard,
     return global_batch_size // shard.count
 
 
-def standard_preprocess(features: Sequence[str] | None = None) -> Callable[[Mapping], Example]:
+def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., Example]:
     """Example -> NumPy dict: keep ``features`` (all if None), fix dtypes for JAX.
 
     uint8 arrays of rank >= 3 (images) become float32 in [0, 1] (x / 255); other integers
@@ -104,7 +104,8 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[[Mapp
     """
     keep = None if features is None else tuple(features)
 
-    def preprocess(example: Mapping) -> Example:
+    def preprocess(example: Mapping, epoch: int = 0) -> Example:
+        del epoch  # the same in every epoch
         if keep is not None:
             missing = [k for k in keep if k not in example]
             if missing:
@@ -118,23 +119,37 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[[Mapp
 
 def image_text_preprocess(*, image_key: str = "image", caption_key: str = "captions/text",
                           image_size: int = 224, max_tokens: int = 32,
-                          vocabulary: str = "") -> Callable[[Mapping], Example]:
+                          vocabulary: str = "", tokenizer: Mapping[str, str] | None = None,
+                          vocab_size: int | None = None) -> Callable[..., Example]:
     """Image-caption example (e.g. ``coco_captions``) -> ``{"image", "caption"}``.
 
     The image (any (H, W, 3) uint8) is resized so its shorter side is ``image_size``
     (bilinear), centre-cropped to ``image_size`` x ``image_size`` and scaled to float32 in
-    [0, 1]; the first caption (``caption_key``: a ``/``-separated path into the example, a
-    list of texts or one text) is tokenised with the word vocabulary file ``vocabulary``
-    (default: the package's ``vocab.txt``), cut at ``max_tokens`` (CLIP's context length).
+    [0, 1]. ``caption_key`` is a ``/``-separated path into the example: one text, or a list of
+    texts (``coco_captions``: ``captions/text``, 5-7 per image); of a list of ``k`` texts,
+    epoch ``e`` of the training stream takes text ``e mod k`` (so ``k`` epochs see every
+    caption of every image once; evaluation, epoch 0, the first). The text is tokenised by
+    ``tokenizer`` (``{"kind", "path"}``,
+    :func:`contrastive_jax.training.data.text_tokenizers.load_tokenizer`) or, the older
+    spelling, the word vocabulary file ``vocabulary`` (default: the package's ``vocab.txt``),
+    cut at ``max_tokens`` (CLIP's context length). ``vocab_size``: the text tower's embedding
+    rows; a ConfigError at construction if the tokenizer's ids need more.
     """
     from PIL import Image
 
-    from contrastive_jax.training.data.captions import load_vocabulary, tokenize
+    from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
 
-    words = load_vocabulary(vocabulary) if vocabulary else None
+    if tokenizer is not None and vocabulary:
+        raise ConfigError("set data.preprocess.tokenizer or data.preprocess.vocabulary (a word "
+                          "vocabulary, the same as tokenizer = {'kind': 'words', 'path': ...}), "
+                          "not both")
+    if tokenizer is None:
+        tokenizer = {"kind": "words", "path": vocabulary}
+    tokens_of = load_tokenizer(tokenizer)
+    check_vocab_size(tokens_of, vocab_size)
     path = caption_key.split("/")
 
-    def preprocess(example: Mapping) -> Example:
+    def preprocess(example: Mapping, epoch: int = 0) -> Example:
         image = np.asarray(example[image_key])
         if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
             raise ConfigError(f"{image_key!r} must be (H, W, 3) uint8; got {image.shape} "
@@ -147,10 +162,15 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
         crop = resized[top:top + image_size, left:left + image_size]
         text = example
         for key in path:
+            if not isinstance(text, Mapping) or key not in text:
+                raise ConfigError(f"caption key {caption_key!r}: no {key!r} in the example; "
+                                  "change data.preprocess.caption_key")
             text = text[key]
         if not isinstance(text, str | bytes):
-            text = text[0]
-        tokens = tokenize([text], max_tokens, vocabulary=words, truncate=True)[0]
+            if not len(text):
+                raise ConfigError(f"an example has no caption at {caption_key!r}")
+            text = text[epoch % len(text)]
+        tokens = tokens_of.encode([text], max_tokens)[0]
         return {"image": crop.astype(np.float32) / np.float32(255.0), "caption": tokens}
 
     return preprocess
@@ -159,9 +179,11 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
 PREPROCESSORS = {"standard": None, "image_text": image_text_preprocess}
 
 
-def make_preprocess(config: ml_collections.ConfigDict) -> Callable[[Mapping], Example]:
-    """The preprocessing of ``config.preprocess`` (``{"name": ..., **options}``)."""
-    options = dict(config.preprocess)
+def make_preprocess(config: ml_collections.ConfigDict) -> Callable[..., Example]:
+    """The preprocessing of ``config.preprocess`` (``{"name": ..., **options}``): a function
+    ``(example, epoch=0) -> Example``."""
+    options = config.preprocess.to_dict() if hasattr(config.preprocess, "to_dict") else dict(
+        config.preprocess)
     name = options.pop("name", "standard")
     if name not in PREPROCESSORS:
         raise ConfigError(f"unknown data.preprocess.name {name!r}; valid: {sorted(PREPROCESSORS)}")
@@ -186,14 +208,15 @@ def _to_jax_dtype(x: np.ndarray) -> np.ndarray:
 
 def train_dataset(source, *, global_batch_size: int, seed: int, shuffle: bool = True,
                   num_epochs: int | None = None, shard: HostShard | None = None,
-                  preprocess: Callable[[Mapping], Example] | None = None,
+                  preprocess: Callable[..., Example] | None = None,
                   read_options: grain.ReadOptions | None = None) -> grain.IterDataset:
     """This host's training batches ``(global_batch_size / P, ...)`` as a grain IterDataset.
 
     ``source``: random access (``len``, ``[i]``), e.g. from :func:`open_split`. Each epoch is a
     fresh permutation (seed + epoch); ``num_epochs=None`` repeats forever. With a finite
     ``num_epochs`` the stream is cut to whole global batches, so every host gets the same
-    number of batches.
+    number of batches. ``preprocess(example, epoch)`` sees the epoch of the example's global
+    stream position (``position // len(source)``, the same for any process count).
     """
     shard = shard or HostShard.from_jax()
     local = per_host_batch_size(global_batch_size, shard)
@@ -208,14 +231,17 @@ def train_dataset(source, *, global_batch_size: int, seed: int, shuffle: bool = 
     ds = ds.repeat(num_epochs)
     if num_epochs is not None:
         ds = ds[: len(ds) // global_batch_size * global_batch_size]
+    n = len(source)
+    ds = ds.map_with_index(lambda position, example: (position // n, example))
     ds = ds[shard.index :: shard.count]
-    ds = ds.map(preprocess or standard_preprocess())
+    preprocess = preprocess or standard_preprocess()
+    ds = ds.map(lambda pair: preprocess(pair[1], epoch=pair[0]))
     ds = ds.batch(local, drop_remainder=True)
     return ds.to_iter_dataset(read_options)
 
 
 def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = None,
-                 preprocess: Callable[[Mapping], Example] | None = None,
+                 preprocess: Callable[..., Example] | None = None,
                  read_options: grain.ReadOptions | None = None) -> grain.IterDataset:
     """One pass over ``source`` in order; ``ceil(n / G)`` batches per host, padded, with ``mask``.
 

@@ -4,17 +4,20 @@ Every dataset goes through :func:`open_split`: the package's own datasets are pr
 first use (offline, see :mod:`contrastive_jax.training.data.prepare`); any other TFDS name
 (``cifar10``,
 ``imagenet2012``, ``coco_captions``, or a dataset of your own) must already be prepared in
-``data_dir`` as array_record files, exactly as on a pod, and is opened with the same
-``tfds.data_source`` call. ``correlated_gaussians`` is generated on the fly.
+``data_dir`` as array_record files, exactly as on a pod. Those are opened from their prepared
+folder alone (``tfds.builder_from_directory``: the ``dataset_info.json`` and ``features.json``
+written by ``tfds build``), never through the dataset's TFDS code, so datasets whose builder
+code needs TensorFlow (``coco_captions``) load without it. ``correlated_gaussians`` is
+generated on the fly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import tensorflow_datasets as tfds
+from etils import epath
 
 from contrastive_jax.errors import (
     ConfigError,
@@ -41,12 +44,15 @@ def prepare_command(name: str, data_dir: str) -> str:
 
 
 def open_split(name: str, split: str, data_dir: str | None = None,
-               options: Mapping[str, Any] | None = None):
+               options: Mapping[str, Any] | None = None, *,
+               decoders: Mapping[str, Any] | None = None):
     """A random-access source (``len``, ``[i]`` -> dict of NumPy arrays) for ``name[split]``.
 
-    ``split`` may be any TFDS split expression (``"train"``, ``"train[:90%]"``, ...).
-    ``options`` only apply to generated datasets (``correlated_gaussians``: ``dim``, ``rho`` or
-    ``mutual_information``, ``num_examples``). Errors:
+    ``split`` may be any TFDS split expression (``"train"``, ``"train[:90%]"``,
+    ``"train+restval"``, ...). ``options`` only apply to generated datasets
+    (``correlated_gaussians``: ``dim``, ``rho`` or ``mutual_information``, ``num_examples``).
+    ``decoders``: TFDS decoders per feature, e.g. ``{"image": tfds.decode.SkipDecoding()}``
+    to read captions without decoding images. Errors:
 
     - :class:`DatasetNotPreparedError` naming the dataset, the data dir and the command that
       prepares it, when a TFDS dataset is not prepared (or not in array_record format);
@@ -62,10 +68,47 @@ def open_split(name: str, split: str, data_dir: str | None = None,
         builder = prepare(name, data_dir)
     else:
         builder = _prepared_builder(name, data_dir)
-    if split.split("[")[0] not in builder.info.splits:
-        raise ConfigError(f"dataset {name!r} has no split {split!r}; its splits: "
-                         f"{sorted(builder.info.splits)}")
-    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    unknown = [part for part in split_names(split) if part not in builder.info.splits]
+    if unknown:
+        raise ConfigError(f"dataset {name!r} has no split {unknown[0]!r} (in {split!r}); its "
+                         f"splits: {sorted(builder.info.splits)}")
+    return builder.as_data_source(split=split, decoders=decoders)
+
+
+def split_names(split: str) -> list[str]:
+    """The split names in a TFDS split expression: ``"train[:90%]+restval"`` -> ``["train",
+    "restval"]``."""
+    return [part.split("[")[0].strip() for part in split.split("+")]
+
+
+def prepared_dir(name: str, data_dir: str) -> epath.Path | None:
+    """The folder ``tfds build`` wrote for ``name`` in ``data_dir``, or None.
+
+    ``name`` is ``dataset[/config][:version]`` (``"coco_captions"``, ``"coco_captions/2014"``,
+    ``"cifar10:3.0.2"``). The folder is ``data_dir/dataset/[config/]version`` holding a
+    ``dataset_info.json``; without a config in the name, the dataset's only config folder is
+    used (``coco_captions/2014``), and without a version the highest prepared one. Works on
+    any ``etils.epath`` path (``gs://...``).
+    """
+    base, _, version = name.partition(":")
+    dataset, _, config = base.partition("/")
+    root = epath.Path(data_dir) / dataset
+    if not root.is_dir():
+        return None
+    candidates = []  # (config folder, version folder)
+    for first in root.iterdir():
+        if not first.is_dir() or first.name.startswith("."):
+            continue
+        if (first / "dataset_info.json").exists() and not config:
+            candidates.append(("", first))
+        elif not config or first.name == config:
+            candidates += [(first.name, v) for v in first.iterdir()
+                           if v.is_dir() and (v / "dataset_info.json").exists()]
+    candidates = [(c, v) for c, v in candidates
+                  if not v.name.startswith("incomplete") and (not version or v.name == version)]
+    if not candidates or len({c for c, _ in candidates}) > 1:
+        return None
+    return max(candidates, key=lambda cv: tfds.core.Version(cv[1].name))[1]
 
 
 DAMAGED_RECORDS = ("Riegeli", "array_record", "ArrayRecord")  # in a reader's error message
@@ -90,19 +133,25 @@ def damaged_data_error(err: BaseException, name: str, data_dir: str | None = Non
 
 
 def _prepared_builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+    """The read-only builder of ``name`` prepared in ``data_dir`` (no dataset code runs)."""
     command = prepare_command(name, data_dir)
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except tfds.core.registered.DatasetNotFoundError:
-        present = sorted(p.name for p in Path(data_dir).iterdir() if p.is_dir()
-                         and p.name != "downloads") if Path(data_dir).is_dir() else []
-        raise ConfigError(f"unknown dataset {name!r}: not a TFDS dataset and not found in "
-                         f"data_dir {data_dir} (present there: {present})") from None
-    if not builder.is_prepared():
+    folder = prepared_dir(name, data_dir)
+    if folder is None:
+        dataset = name.partition(":")[0].partition("/")[0]
+        root = epath.Path(data_dir)
+        present = sorted(p.name for p in root.iterdir() if p.is_dir()
+                         and p.name != "downloads") if root.is_dir() else []
+        if dataset not in tfds.list_builders(with_community_datasets=False) and not (
+                root / dataset).exists():
+            raise ConfigError(f"unknown dataset {name!r}: not a TFDS dataset and not found in "
+                              f"data_dir {data_dir} (present there: {present})")
         raise DatasetNotPreparedError(
-            f"dataset {name!r} is not prepared in data_dir {data_dir}, and this program never "
-            f"downloads. Prepare it on a machine with internet access with\n    {command}\n"
+            f"dataset {name!r} is not prepared in data_dir {data_dir} (present there: "
+            f"{present}; with several configs or none found, name one: 'dataset/config'), "
+            "and this program never downloads. Prepare it on a machine with internet access "
+            f"(and TensorFlow, which tfds build needs for some datasets) with\n    {command}\n"
             "and copy the folder into this data_dir, or set data.data_dir to where it is.")
+    builder = tfds.builder_from_directory(folder)
     file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
     if file_format not in RANDOM_ACCESS_FORMATS:
         raise DatasetNotPreparedError(

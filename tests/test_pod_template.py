@@ -1,0 +1,203 @@
+"""The pod template end to end on mock ``coco_captions``: its real TFDS features, array_record,
+read without TensorFlow, a SentencePiece tokenizer built by the command from the mock captions.
+
+``tfds.testing.mock_data`` cannot serve this path: it needs the dataset's TFDS code, and
+``coco_captions``' code needs TensorFlow (its ``image/id`` feature is ``tf.int64``), which is
+not a dependency; and it patches the reader, so the trainer's real read of prepared files
+would go untested. Instead the real ``CocoCaptions`` builder (its ``_info`` run with
+``tf.int64`` read as ``np.int64``) writes a tiny prepared copy, with the real splits and
+features, whose examples are ``tfds.testing``'s ``RandomFakeGenerator`` mock examples (the
+ones ``mock_data`` yields), made encodable: images as PIL images (JPEG encoding needs
+TensorFlow for arrays), the sub-features of a sequence cut to one length, boxes ordered.
+"""
+
+import importlib.util
+import math
+import types
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from PIL import Image
+from tensorflow_datasets.object_detection import coco, coco_captions
+from tensorflow_datasets.testing.mocking import RandomFakeGenerator
+
+from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
+from contrastive_jax.training import train
+from contrastive_jax.training.data import build_tokenizer
+from contrastive_jax.training.data.pipeline import (
+    HostShard,
+    image_text_preprocess,
+    train_dataset,
+)
+from contrastive_jax.training.data.sources import open_split, prepared_dir
+
+REPO = Path(__file__).resolve().parents[1]
+MOCK_SPLITS = {"train": 24, "restval": 8, "val": 16, "test": 4}
+
+
+def load_config(spec: str):
+    """``configs/NAME.py[:variant]`` -> the ConfigDict, as ``--config`` would load it."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("cfg", REPO / "configs" / path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+def encodable(feature, value):
+    """A RandomFakeGenerator value that the feature can encode without TensorFlow."""
+    if isinstance(feature, tfds.features.Image):
+        return Image.fromarray(np.asarray(value))
+    if isinstance(feature, tfds.features.BBoxFeature):
+        v = np.asarray(value)
+        return np.concatenate([np.minimum(v[..., :2], v[..., 2:]),
+                               np.maximum(v[..., :2], v[..., 2:])], axis=-1)
+    if isinstance(feature, tfds.features.FeaturesDict):
+        return {k: encodable(feature[k], v) for k, v in value.items()}
+    if isinstance(feature, tfds.features.Sequence) and isinstance(
+            feature.feature, tfds.features.FeaturesDict):
+        n = min(len(v) for v in value.values())
+        return {k: encodable(feature.feature[k], v[:n]) for k, v in value.items()}
+    return value
+
+
+with tfds.core.registered.skip_registration():
+    class MockCocoCaptions(coco_captions.CocoCaptions):
+        """The real builder (name, config 2014, version, features); mock examples."""
+
+        name = "coco_captions"
+
+        def _split_generators(self, dl_manager):
+            return {split: self._generate_examples(split, n) for split, n in MOCK_SPLITS.items()}
+
+        def _generate_examples(self, split, n):
+            examples = RandomFakeGenerator(self.info.features, n, seed=len(split))
+            for i, example in enumerate(examples):
+                yield i, encodable(self.info.features, example)
+
+
+def prepare_mock_coco(data_dir: str) -> None:
+    with mock.patch.object(coco, "tf", types.SimpleNamespace(int64=np.int64)):
+        MockCocoCaptions(data_dir=data_dir, file_format="array_record").download_and_prepare()
+
+
+@pytest.fixture(scope="module")
+def mock_coco(tmp_path_factory):
+    """``(data_dir, tokenizer model)``: mock coco_captions prepared, and a SentencePiece model
+    built from its train+restval captions by the command line's ``main``."""
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    prepare_mock_coco(data_dir)
+    model = str(tmp_path_factory.mktemp("tokenizer") / "coco.model")
+    assert build_tokenizer.main([
+        "--dataset=coco_captions", f"--data_dir={data_dir}", "--split=train+restval",
+        "--vocab_size=64", f"--output={model}"]) == 0
+    return data_dir, model
+
+
+def test_prepared_coco_captions_opens_from_its_folder(mock_coco):
+    data_dir, _ = mock_coco
+    assert prepared_dir("coco_captions", data_dir).parts[-3:] == ("coco_captions", "2014",
+                                                                  "1.1.0")
+    assert prepared_dir("coco_captions/2014:1.1.0", data_dir) is not None
+    assert prepared_dir("coco_captions/2017", data_dir) is None
+    source = open_split("coco_captions", "train+restval", data_dir)
+    assert len(source) == MOCK_SPLITS["train"] + MOCK_SPLITS["restval"]
+    example = source[3]
+    assert set(example) == {"image", "image/filename", "image/id", "objects", "captions"}
+    assert example["image"].dtype == np.uint8 and example["image"].shape[-1] == 3
+    texts = build_tokenizer.texts_at(example, "captions/text")
+    assert texts and all(isinstance(t, str) and t for t in texts)
+    with pytest.raises(ConfigError, match="no split 'validation'"):
+        open_split("coco_captions", "validation", data_dir)
+    with pytest.raises(ConfigError, match=r"caption key 'caption/text': no 'caption'"):
+        build_tokenizer.texts_at(example, "caption/text")
+
+
+def test_tokenizer_command_reads_every_caption(mock_coco, capsys):
+    data_dir, model = mock_coco
+    texts = list(build_tokenizer.dataset_captions("coco_captions", "train+restval", data_dir))
+    source = open_split("coco_captions", "train+restval", data_dir)
+    assert len(texts) == sum(len(source[i]["captions"]["text"]) for i in range(len(source)))
+    tok = image_text_preprocess(
+        image_size=8, max_tokens=64, tokenizer={"kind": "sentencepiece", "path": model})
+    out = tok({"image": np.zeros((8, 8, 3), np.uint8), "captions": {"text": [texts[0]]}})
+    assert out["caption"][0] == 2 and 3 in out["caption"]
+    assert build_tokenizer.main(["--dataset=coco_captions", f"--data_dir={data_dir}",
+                                 "--caption_key=text", f"--output={model}.x"]) == 2
+    assert "caption key 'text'" in capsys.readouterr().err
+
+
+def test_each_epoch_takes_the_next_caption(tmp_path):
+    """Of k captions, epoch e of the stream takes caption e mod k (evaluation: the first)."""
+    source = [{"image": np.full((4, 4, 3), i, np.uint8),
+               "captions": {"text": [f"{i} zero", f"{i} one", f"{i} two"]}} for i in range(4)]
+    vocab = ["<pad>", "<unk>", "<bos>", "<eos>", "zero", "one", "two", "0", "1", "2", "3"]
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(vocab))
+    pre = image_text_preprocess(image_size=4, max_tokens=4, vocabulary=str(path))
+    ds = train_dataset(source, global_batch_size=4, seed=0, num_epochs=5, shard=HostShard(0, 1),
+                       preprocess=pre)
+    batches = list(ds)
+    assert len(batches) == 5
+    for epoch, batch in enumerate(batches):
+        image_ids = batch["image"][:, 0, 0, 0] * 255
+        np.testing.assert_array_equal(batch["caption"][:, 1], np.round(image_ids) + 7)
+        np.testing.assert_array_equal(batch["caption"][:, 2], 4 + epoch % 3)
+    # two processes: the same caption per (example, epoch)
+    halves = [list(train_dataset(source, global_batch_size=4, seed=0, num_epochs=5,
+                                 shard=HostShard(p, 2), preprocess=pre)) for p in range(2)]
+    for epoch in range(5):
+        assert set(halves[0][epoch]["caption"][:, 2]) | set(
+            halves[1][epoch]["caption"][:, 2]) == {4 + epoch % 3}
+    assert pre(source[1])["caption"].tolist() == [2, 8, 4, 3]
+
+
+def test_pod_template_step_count_comes_from_epochs():
+    full = load_config("clip_vit_b16_pod.py")
+    assert full.data.batch_size == 32768 and full.model.sample_encoder.width == 768
+    assert full.data.train_split == "train+restval"
+    assert full.total_steps == math.ceil(100 * 113_287 / 32768) == 346
+    assert full.optimizer.warmup_steps == 34
+    assert full.data.eval_batch_size % 256 == 0
+    assert load_config("clip_vit_b16_pod.py:epochs=32,batch=4096").total_steps == 886
+    assert load_config("clip_vit_b16_pod.py:data=cc12m,steps=5000").total_steps == 5000
+    with pytest.raises(ConfigError, match="steps=N"):
+        load_config("clip_vit_b16_pod.py:data=cc12m")
+    tiny = load_config("clip_vit_b16_pod.py:tiny")
+    tiny.model.text_encoder.vocab_size = 40  # the preprocessing's check follows the model
+    assert tiny.data.preprocess.vocab_size == 40
+
+
+def test_pod_template_runs_one_step_at_tiny_size_on_mock_coco(mock_coco, tmp_path):
+    data_dir, model = mock_coco
+    config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model}")
+    assert config.loss.strategy == "ring" and config.data.name == "coco_captions"
+    config.data.data_dir = data_dir
+    results = train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert results["steps"] == 1 and results["devices"] == 8
+    assert np.isfinite(results["final_train_metrics"]["loss"])
+    # captions without labels: retrieval and geometry, no probe
+    assert "linear_probe" not in results and "zero_shot" not in results
+    assert 0 <= results["x_to_y_r1"] <= results["x_to_y_r5"] <= results["x_to_y_r10"] <= 1
+    assert 0 <= results["alignment"] <= 4 and results["uniformity"] <= 0
+
+
+def test_pod_template_start_errors(mock_coco, tmp_path):
+    data_dir, model = mock_coco
+    config = load_config("clip_vit_b16_pod.py:tiny")  # no tokenizer given
+    config.data.data_dir = data_dir
+    with pytest.raises(ConfigError, match=r"(?s)tokenizer.path must name.*build_tokenizer"):
+        train.train_and_evaluate(config, str(tmp_path / "a"))
+    config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model}")
+    config.data.data_dir = data_dir
+    config.model.text_encoder.vocab_size = 8
+    with pytest.raises(ConfigError, match=r"model\.text_encoder\.vocab_size = 8"):
+        train.train_and_evaluate(config, str(tmp_path / "b"))
+    config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model}")
+    config.data.data_dir = str(tmp_path / "empty")
+    with pytest.raises(DatasetNotPreparedError,
+                       match=r"(?s)'coco_captions' is not prepared.*tfds build coco_captions"):
+        train.train_and_evaluate(config, str(tmp_path / "c"))
