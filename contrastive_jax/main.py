@@ -49,7 +49,6 @@ _ACCEPT_CHANGE = flags.DEFINE_bool(
     "accept_config_change", False,
     "Resume a workdir whose checkpoints were written with another config (workdir/config.json), "
     "continuing with this one; without it such a resume stops and lists the differences.")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def check_workdir(workdir: str) -> None:
@@ -131,6 +130,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """``app.run(main)``; the project's own errors as one paragraph and exit status 2."""
+    flags.mark_flags_as_required(["config", "workdir"])
     try:
         app.run(main, flags_parser=parse_flags)
     except ContrastiveJaxError as err:

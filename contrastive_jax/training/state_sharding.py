@@ -147,8 +147,13 @@ def state_shardings(sharding_config: Mapping[str, Any] | None, mesh: Mesh, tree)
             raise ConfigError(f"sharding.fsdp_axis {values['fsdp_axis']!r} is not an axis of "
                               f"the mesh {dict(mesh.shape)}")
     return jax.tree_util.tree_map_with_path(
-        lambda path, leaf: NamedSharding(mesh, leaf_spec(path_name(path), np.shape(leaf), mesh,
+        lambda path, leaf: NamedSharding(mesh, leaf_spec(path_name(path), _shape(leaf), mesh,
                                                           values)), tree)
+
+
+def _shape(leaf) -> tuple[int, ...]:
+    """The shape of an array, a ``jax.ShapeDtypeStruct`` or a Python scalar."""
+    return tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf)
 
 
 def bytes_per_device(tree, shardings) -> int:
@@ -156,6 +161,6 @@ def bytes_per_device(tree, shardings) -> int:
     ``shardings``: the sum of each leaf's shard size (the largest shard, where uneven)."""
     total = 0
     for leaf, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings), strict=True):
-        shape = sharding.shard_shape(np.shape(leaf))
+        shape = sharding.shard_shape(_shape(leaf))
         total += int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize
     return total

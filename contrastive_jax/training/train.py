@@ -190,6 +190,15 @@ class Run:
                              self.method)
 
 
+def check_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    """The global batch divides over the processes and the ``data`` devices, and so do its
+    micro-batches; a :class:`ConfigError` saying what to change otherwise."""
+    check_divisible(config.data.batch_size, jax.process_count(), "processes")
+    check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
+    check_accumulation(config.data.batch_size, config.get("accumulation_steps", 1),
+                       mesh.shape[DATA_AXIS])
+
+
 def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
                 ) -> tuple[Run, TrainState]:
     """The run's mesh, method, data, model and optimiser, and a fresh state on the mesh.
@@ -199,10 +208,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     start = time.perf_counter()
     method = method_for(config)
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
-    check_divisible(config.data.batch_size, jax.process_count(), "processes")
-    check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
-    check_accumulation(config.data.batch_size, config.get("accumulation_steps", 1),
-                       mesh.shape[DATA_AXIS])
+    check_batch(config, mesh)
     source = open_split(config.data.name, config.data.train_split,
                         config.data.data_dir or None, config.data.options.to_dict() or None)
     steps = total_steps(config, len(source))
