@@ -7,7 +7,7 @@ Layers, lowest first (docs/architecture.md):
 2. ``contrastive_jax.analytic``: closed-form gradients and the gradient check, on the losses;
 3. ``contrastive_jax.training``: methods, models, data, optimisers, checkpoints, the loop,
    evaluation;
-4. ``contrastive_jax.main``, ``contrastive_jax.demo``: the command lines.
+4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``: the command lines.
 
 Experiment helpers live in ``experiments/common``, outside the package.
 """
@@ -23,7 +23,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("contrastive_jax", 1), ("contrastive_jax.losses", 1),
     ("contrastive_jax.analytic", 2),
     ("contrastive_jax.training", 3),
-    ("contrastive_jax.main", 4), ("contrastive_jax.demo", 4),
+    ("contrastive_jax.main", 4), ("contrastive_jax.plan", 4), ("contrastive_jax.demo", 4),
 ]
 # What the losses layer may import from outside the standard library.
 LOSSES_THIRD_PARTY = {"jax", "jaxlib", "numpy"}
