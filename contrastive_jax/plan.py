@@ -184,6 +184,7 @@ def report(p: Plan, config_name: str, chips: Mapping[str, int] = CHIPS) -> str:
 
 
 _DEVICES = flags.DEFINE_integer("devices", 8, "Fake CPU devices to plan for (the pod's chips).")
+_JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device) to this JSON file.")
 _CHIPS = flags.DEFINE_list("chips", [], f"Chips to compare with (default: {', '.join(CHIPS)}).")
 
 
@@ -209,7 +210,14 @@ def main(argv: Sequence[str]) -> None:
         raise ConfigError(f"unknown chips {unknown}; known: {sorted(CHIPS)}")
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     name = flags.FLAGS["config"].serialize().partition("=")[2]
-    print(report(plan(config, mesh), name, chips))
+    result = plan(config, mesh)
+    print(report(result, name, chips))
+    if _JSON.value:
+        from contrastive_jax.training import json_output
+
+        json_output.write_atomic(_JSON.value, {
+            **dataclasses.asdict(result), "total": result.total,
+            "fits": {chip: result.fits(size) for chip, size in chips.items()}})
 
 
 def run() -> None:
