@@ -189,3 +189,42 @@ def test_the_command_line_refuses_an_unreachable_bucket_before_any_work(gcs, tmp
     assert result.stderr.startswith("error: workdir gs://no-such-bucket/run is not writable")
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_set_aside_and_the_config_backup_move_objects_within_the_bucket(gcs, tmp_path,
+                                                                        monkeypatch):
+    """What a local workdir does by rename: a checkpoint moved aside (copy every object, then
+    delete) and the replaced config kept as config-before-step-N.json, all in the bucket."""
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    from contrastive_jax.training import checkpoints
+    from contrastive_jax.training.config_record import write_config
+
+    monkeypatch.chdir(tmp_path)
+    workdir = f"gs://{BUCKET}/aside"
+    manager = checkpoints.manager(workdir, every=1, keep=5)
+    for step in (1, 2):
+        manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave({"w": jnp.full((3,), float(step))})))
+    manager.wait_until_finished()
+    before = _objects("aside/checkpoints/2")
+    assert "state/_METADATA" in before, before
+    moved = checkpoints.set_aside(manager, [2], "damaged", warn=lambda message: None)
+    assert len(moved) == 1 and moved[0].startswith(f"{workdir}/checkpoints_set_aside/2-damaged-")
+    name = moved[0][len(f"{workdir}/"):]
+    assert _objects(f"aside/{name}") == before  # every object moved, none lost
+    assert _objects("aside/checkpoints/2") == [] and manager.all_steps() == [1]
+    restored = manager.restore(1, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore({"w": jnp.zeros((3,))})))
+    assert restored["state"]["w"].tolist() == [1.0, 1.0, 1.0]
+    manager.close()
+
+    config = quick()
+    write_config(config, workdir)
+    changed = quick(total_steps=9)
+    write_config(changed, workdir, changed_at=3, warn=lambda message: None)
+    run = epath.Path(workdir)
+    assert json.loads((run / "config-before-step-3.json").read_text())["total_steps"] == 6
+    assert json.loads((run / "config.json").read_text())["total_steps"] == 9
+    assert list(tmp_path.iterdir()) == []

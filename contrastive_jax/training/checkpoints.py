@@ -140,9 +140,14 @@ def _move(source: epath.Path, target: epath.Path) -> None:
     if not is_remote(source):
         shutil.move(os.fspath(source), os.fspath(target))
         return
-    for path in source.rglob("*"):
-        if path.is_file():
-            path.copy(target / path.relative_to(source))
+    def copy(folder: epath.Path, into: epath.Path) -> None:
+        for path in folder.iterdir():
+            if path.is_dir():
+                copy(path, into / path.name)
+            else:
+                path.copy(into / path.name)
+
+    copy(source, target)
     source.rmtree()
 
 
