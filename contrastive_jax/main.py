@@ -4,7 +4,8 @@ Any field can be overridden: ``--config.data.batch_size=256 --config.loss.temper
 Run the same command on every host of a pod (docs/launching.md); a workdir that holds
 checkpoints resumes. Results go to ``DIR/results.json``, TensorBoard scalars to
 ``DIR/tensorboard``, per-step metrics to ``DIR/metrics.jsonl``, checkpoints to
-``DIR/checkpoints``.
+``DIR/checkpoints``. ``DIR`` may be ``gs://bucket/path`` (the ``gcs`` extra; docs/launching.md,
+"Remote workdirs").
 
 Exit status (docs/reliability.md):
 
