@@ -4,7 +4,8 @@ Any field can be overridden: ``--config.data.batch_size=256 --config.loss.temper
 Run the same command on every host of a pod (docs/launching.md); a workdir that holds
 checkpoints resumes. Results go to ``DIR/results.json``, TensorBoard scalars to
 ``DIR/tensorboard``, per-step metrics to ``DIR/metrics.jsonl``, checkpoints to
-``DIR/checkpoints``.
+``DIR/checkpoints``. ``DIR`` may be ``gs://bucket/path`` (the ``gcs`` extra; docs/launching.md,
+"Remote workdirs").
 
 Exit status (docs/reliability.md):
 
@@ -21,7 +22,6 @@ Exit status (docs/reliability.md):
 from __future__ import annotations
 
 import os
-import pathlib
 import sys
 import uuid
 
@@ -41,6 +41,7 @@ from contrastive_jax.training.distributed import (
     initialize,
     launch_settings,
 )
+from contrastive_jax.training.workdir_path import is_remote, workdir_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
@@ -52,19 +53,21 @@ _ACCEPT_CHANGE = flags.DEFINE_bool(
 
 
 def check_workdir(workdir: str) -> None:
-    """Create ``workdir`` if needed and check that a file can be written there."""
-    if not workdir.strip():
-        raise WorkdirError("--workdir is empty; give the directory for checkpoints and results")
-    if "://" in workdir:  # gs://... : checked by orbax on first write
-        return
-    path = pathlib.Path(workdir)
+    """Check ``--workdir`` (a local path or ``gs://...``:
+    :func:`~contrastive_jax.training.workdir_path.workdir_path`), create it if needed and check
+    that a file can be written there (on ``gs://``: an object, so missing credentials or
+    permissions show here, before any work)."""
+    path = workdir_path(workdir)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-test-{uuid.uuid4().hex}"
         probe.write_text("")
         probe.unlink()
-    except OSError as err:
-        raise WorkdirError(f"workdir {workdir} is not writable ({err.strerror}); choose another "
+    except Exception as err:
+        if not isinstance(err, OSError) and not is_remote(path):
+            raise
+        reason = getattr(err, "strerror", None) or f"{type(err).__name__}: {err}"
+        raise WorkdirError(f"workdir {workdir} is not writable ({reason}); choose another "
                            "--workdir") from None
 
 

@@ -11,13 +11,16 @@ A checkpoint that cannot be restored (damaged files) or holds non-finite numbers
 to ``workdir/checkpoints_set_aside/<step>-<reason>-<time>`` (never deleted) and the previous one
 is restored; so are the checkpoints a diverged run saved from the step whose parameters led to
 the non-finite steps (:func:`set_aside_from`). Only process 0 moves files.
+
+Paths are :class:`etils.epath.Path`: a ``gs://`` workdir keeps its checkpoints in the bucket
+(orbax writes the arrays with TensorStore's ``gcs`` driver), and a set-aside there is a copy of
+each object followed by a delete (an object store has no rename).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pathlib
 import shutil
 import time
 import uuid
@@ -26,6 +29,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 
 from contrastive_jax.errors import (
     STORAGE_ERRNOS,
@@ -34,15 +38,16 @@ from contrastive_jax.errors import (
     WorkdirError,
     storage_cause,
 )
+from contrastive_jax.training.workdir_path import absolute, is_remote
 
 
-def manager(workdir: str | pathlib.Path, *, every: int, keep: int) -> ocp.CheckpointManager:
+def manager(workdir: str | os.PathLike, *, every: int, keep: int) -> ocp.CheckpointManager:
     """An async CheckpointManager under ``workdir/checkpoints``, checked writable first (a
     read-only folder would otherwise surface as orbax's 300 s timeout at the first save)."""
     if every < 1 or keep < 1:
         raise ConfigError(f"checkpoint_every and keep_checkpoints must be >= 1; got {every}, "
                          f"{keep}")
-    directory = pathlib.Path(workdir).resolve() / "checkpoints"
+    directory = absolute(workdir) / "checkpoints"
     _check_writable(directory)
     _quiet_orbax_storage_errors()
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
@@ -50,17 +55,21 @@ def manager(workdir: str | pathlib.Path, *, every: int, keep: int) -> ocp.Checkp
     return ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
 
 
-def _check_writable(directory: pathlib.Path) -> None:
+def _check_writable(directory: epath.Path) -> None:
     """Create ``directory`` if needed and write and delete a file in it; a refusal is a
-    :class:`WorkdirError` saying why."""
+    :class:`WorkdirError` saying why (remote: any error of the storage client)."""
     probe = directory / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
         probe.write_text("")
         probe.unlink()
-    except OSError as err:
-        reason = STORAGE_ERRNOS.get(err.errno, err.strerror or str(err))
-        raise WorkdirError(f"the checkpoint folder {directory} is not writable ({err.strerror}: "
+    except Exception as err:
+        if not isinstance(err, OSError) and not is_remote(directory):
+            raise
+        reason = STORAGE_ERRNOS.get(getattr(err, "errno", None),
+                                    getattr(err, "strerror", None) or str(err))
+        raise WorkdirError(f"the checkpoint folder {directory} is not writable "
+                           f"({getattr(err, 'strerror', None) or type(err).__name__}: "
                            f"{reason}); a run must save checkpoints there") from None
 
 
@@ -106,7 +115,7 @@ def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> 
     <step>-<reason>-<unix time>`` (process 0; a warning each) and reload ``mgr``. Returns the
     new paths. The files are kept for inspection; delete them when done."""
     moved = []
-    root = pathlib.Path(mgr.directory)
+    root = epath.Path(mgr.directory)
     if jax.process_index() == 0:
         for step in sorted(steps):
             source = root / str(step)
@@ -114,7 +123,7 @@ def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> 
                 continue
             target = root.parent / SET_ASIDE / f"{step}-{reason}-{int(time.time())}"
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(source), str(target))
+            _move(source, target)
             moved.append(str(target))
             warn(f"warning: checkpoint {step} ({reason}) moved aside to {target}")
     if jax.process_count() > 1:
@@ -123,6 +132,23 @@ def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> 
         multihost_utils.sync_global_devices("contrastive_jax: checkpoints set aside")
     mgr.reload()
     return moved
+
+
+def _move(source: epath.Path, target: epath.Path) -> None:
+    """Move the folder ``source`` to ``target``: a rename locally, on remote storage a copy of
+    every object then a delete."""
+    if not is_remote(source):
+        shutil.move(os.fspath(source), os.fspath(target))
+        return
+    def copy(folder: epath.Path, into: epath.Path) -> None:
+        for path in folder.iterdir():
+            if path.is_dir():
+                copy(path, into / path.name)
+            else:
+                path.copy(into / path.name)
+
+    copy(source, target)
+    source.rmtree()
 
 
 def set_aside_from(mgr: ocp.CheckpointManager, first: int, reason: str, *,

@@ -7,19 +7,22 @@ logging, checkpointing, evaluation, launch settings, where the data lives, and t
 the state's sharding, which a checkpoint restores onto whatever they are) would silently
 continue another experiment, so it stops with the list of differences, unless the change is
 accepted (``--accept_config_change``); the replaced record is then kept as
-``config-before-step-<N>.json``.
+``config-before-step-<N>.json``. Both files are read and written through
+:class:`etils.epath.Path`, so a ``gs://`` workdir works the same
+(:mod:`~contrastive_jax.training.workdir_path`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import pathlib
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import ml_collections
+from etils import epath
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import json_output
@@ -68,7 +71,7 @@ def changes(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
             and not any(k == m or k.startswith(m + ".") for m in MAY_CHANGE)]
 
 
-def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                  resuming_from: int | None, accept_change: bool = False
                  ) -> list[tuple[str, Any, Any]]:
     """The :func:`changes` from ``workdir/config.json`` to ``config`` when the run resumes
@@ -76,7 +79,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
 
     Raises :class:`~contrastive_jax.errors.ConfigError` listing them unless ``accept_change``.
     """
-    path = pathlib.Path(workdir) / RECORD
+    path = epath.Path(workdir) / RECORD
     if resuming_from is None or not path.exists():
         return []
     diff = changes(json.loads(path.read_text()), plain(config))
@@ -91,13 +94,13 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path,
     return diff
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
+def write_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                  changed_at: int | None = None, warn=print) -> None:
     """Write ``workdir/config.json`` (process 0, atomically); with ``changed_at``, a step, the
     record it replaces is kept as ``config-before-step-<changed_at>.json``."""
     if jax.process_index() != 0:
         return
-    path = pathlib.Path(workdir) / RECORD
+    path = epath.Path(workdir) / RECORD
     if changed_at is not None and path.exists():
         kept = path.with_name(f"config-before-step-{changed_at}.json")
         path.replace(kept)

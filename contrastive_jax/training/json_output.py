@@ -2,7 +2,9 @@
 
 ``results.json`` is written to a temporary file in the same directory, flushed to disk and
 renamed over the old one, so a kill during the write leaves the previous file or the new one,
-never a truncated one. Non-finite floats (a diverged metric) become ``null``: Python's ``json``
+never a truncated one. On a remote workdir (``gs://``) the file is one upload, which the store
+makes visible whole or not at all (an object has no partial state), so no rename is needed
+(there is none). Non-finite floats (a diverged metric) become ``null``: Python's ``json``
 would write bare ``NaN`` / ``Infinity``, which strict JSON readers reject.
 """
 
@@ -14,6 +16,10 @@ import os
 import pathlib
 import tempfile
 from typing import Any
+
+from etils import epath
+
+from contrastive_jax.training.workdir_path import is_remote
 
 
 def strict(value: Any) -> Any:
@@ -35,7 +41,11 @@ def dumps(value: Any, **kwargs) -> str:
 
 
 def write_atomic(path: str | os.PathLike, value: Any) -> None:
-    """Write ``value`` as indented strict JSON to ``path`` atomically (temporary file + rename)."""
+    """Write ``value`` as indented strict JSON to ``path`` atomically (local: temporary file +
+    fsync + rename; remote: one whole-object upload through :class:`etils.epath.Path`)."""
+    if is_remote(path):
+        epath.Path(path).write_text(dumps(value, indent=2) + "\n")
+        return
     path = pathlib.Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

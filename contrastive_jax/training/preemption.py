@@ -1,10 +1,25 @@
-"""Stop a run cleanly on SIGTERM / SIGINT: finish the step, save a checkpoint, exit 0.
+"""Stop a run cleanly on preemption or Ctrl-C: finish the step, save a checkpoint, exit 0.
 
-A pod scheduler preempts a job with SIGTERM (and a grace period); a user stops one with
-Ctrl-C. :class:`StopSignal` turns either into a flag that the training loop polls at each
-step boundary. With several processes the flag is combined across all of them (a logical OR
-by an all-gather of one integer), so every host stops after the same step and the checkpoint
-they write together is consistent.
+A scheduler preempts a job with SIGTERM (and a grace period); a user stops one with Ctrl-C
+(SIGINT). :class:`StopSignal` is polled by the training loop after every step,
+``should_stop(step)``, and answers the same on every process, so all hosts save the same step.
+How the processes agree depends on the platform (:func:`uses_preemption_sync_point`):
+
+- **TPU with** ``jax.distributed.initialize`` (a pod launched with
+  ``CONTRASTIVE_JAX_DISTRIBUTED=auto``, or any multi-process TPU job): JAX's preemption sync
+  point, :func:`jax.experimental.multihost_utils.reached_preemption_sync_point`. The
+  initialisation starts JAX's preemption service, whose SIGTERM handler (installed by XLA's
+  ``PreemptionNotifier`` in ``jax.distributed.initialize``) tells the coordination service; the
+  service picks the step after the largest step any host has reached, and the call returns
+  ``True`` on every host at that step. No collective runs per step. SIGTERM is left to that
+  handler (a Python handler would replace it), and Ctrl-C is handed to it as a SIGTERM to this
+  process.
+- **Everywhere else** (CPU, GPU, or TPU without ``jax.distributed``, where the sync point would
+  never fire: JAX returns ``False`` when no distributed client exists): SIGTERM and SIGINT set
+  a flag; with several processes the flags are combined every step by an all-gather of one
+  integer (a logical OR).
+
+A second signal while the first is being handled interrupts at once (``KeyboardInterrupt``).
 """
 
 from __future__ import annotations
@@ -18,19 +33,30 @@ from jax.experimental import multihost_utils
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class StopSignal:
-    """Context manager: while active, SIGTERM/SIGINT set :attr:`received` instead of killing.
+def uses_preemption_sync_point() -> bool:
+    """Whether stopping goes through JAX's preemption sync point: the backend is TPU,
+    ``jax.distributed`` is initialised and its preemption service is enabled
+    (``jax_enable_preemption_service``, on by default)."""
+    return (jax.default_backend() == "tpu" and jax.distributed.is_initialized()
+            and bool(jax.config.jax_enable_preemption_service))
 
-    A second signal while the first is being handled restores the default behaviour (so a
-    second Ctrl-C still interrupts at once).
+
+class StopSignal:
+    """Context manager: while active, a stop signal makes :meth:`should_stop` true on every
+    process after the same step, instead of killing the process.
+
+    ``sync_point``: use JAX's preemption sync point (default: :func:`uses_preemption_sync_point`).
+    Then only SIGINT gets a Python handler (forwarded to JAX's SIGTERM handler); otherwise
+    SIGTERM and SIGINT set :attr:`received`.
     """
 
-    def __init__(self):
+    def __init__(self, sync_point: bool | None = None):
+        self.sync_point = uses_preemption_sync_point() if sync_point is None else sync_point
         self.received: int | None = None
         self._previous = {}
 
     def __enter__(self) -> StopSignal:
-        for sig in SIGNALS:
+        for sig in (signal.SIGINT,) if self.sync_point else SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -43,9 +69,17 @@ class StopSignal:
             signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
             raise KeyboardInterrupt
         self.received = signum
+        if self.sync_point:  # JAX's preemption service listens for SIGTERM only
+            signal.raise_signal(signal.SIGTERM)
 
-    def should_stop(self) -> bool:
-        """Whether any process received a stop signal (the same answer on every process)."""
+    def should_stop(self, step: int) -> bool:
+        """Whether every process stops after ``step`` (the same answer on every process).
+
+        With the sync point: ``reached_preemption_sync_point(step)``, which must be called at
+        every step by every process (it is, by the training loop).
+        """
+        if self.sync_point:
+            return bool(multihost_utils.reached_preemption_sync_point(step))
         mine = np.int32(self.received is not None)
         if jax.process_count() == 1:
             return bool(mine)

@@ -9,12 +9,18 @@ since the previous line (:class:`MetricWindow`), not one noisy step; the step co
 (``skipped``, ``skipped_in_a_row``) and ``learning_rate`` are the last step's. ``examples/s``
 counts global examples over the wall time since the previous line (so it includes data loading
 and logging), and the ETA extrapolates it to the remaining steps.
+
+On a remote workdir (``gs://``, :mod:`~contrastive_jax.training.workdir_path`) both files go
+through :class:`etils.epath.Path`; an object cannot be appended to, so each is kept in memory
+and uploaded whole: ``metrics.jsonl`` at every line (a resumed run first reads the lines before
+it), the TensorBoard event file whenever tensorboardX flushes (every 120 s and at the end).
 """
 
 from __future__ import annotations
 
 import datetime
-import pathlib
+import io
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -22,8 +28,10 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from contrastive_jax.training import json_output
+from contrastive_jax.training.workdir_path import is_remote
 
 CONSOLE_KEYS = (("loss", "loss", "{:.4f}"), ("top1", "top1", "{:.3f}"),
                 ("mi_bound", "mi", "{:.2f}"), ("logit_scale", "scale", "{:.2f}"),
@@ -62,10 +70,73 @@ class MetricWindow:
         return out
 
 
+class RemoteTextLog:
+    """A text file on remote storage written like one opened with ``"a"``: the object's
+    existing text (read at open) and every write kept in memory, the whole uploaded at each
+    :meth:`flush` (an object store has no append)."""
+
+    def __init__(self, path: epath.Path):
+        self.path = epath.Path(path)
+        self._parts = [self.path.read_text()] if self.path.exists() else []
+        self._dirty = False
+
+    def write(self, text: str) -> None:
+        self._parts.append(text)
+        self._dirty = True
+
+    def flush(self) -> None:
+        if self._dirty:
+            self.path.write_text("".join(self._parts))
+            self._dirty = False
+
+    def close(self) -> None:
+        self.flush()
+
+
+class RemoteRecordFile:
+    """A TensorBoard event file on remote storage for tensorboardX's record writer: the bytes
+    kept in memory, uploaded whole through :class:`etils.epath.Path` at each :meth:`flush`."""
+
+    def __init__(self, path: str):
+        self.path = epath.Path(path)
+        self._buffer, self._uploaded = io.BytesIO(), -1
+
+    def write(self, data: bytes) -> None:
+        self._buffer.write(data)
+
+    def flush(self) -> None:
+        if self._buffer.tell() != self._uploaded:
+            self.path.write_bytes(self._buffer.getvalue())
+            self._uploaded = self._buffer.tell()
+
+    def close(self) -> None:
+        self.flush()
+
+
+class RemoteRecordFiles:
+    """tensorboardX's writer factory for ``gs://`` (:func:`use_epath_for_tensorboard`)."""
+
+    def open(self, path: str) -> RemoteRecordFile:
+        return RemoteRecordFile(path)
+
+    def directory_check(self, path: str) -> None:
+        """Nothing to create: an object store has no directories."""
+
+
+def use_epath_for_tensorboard() -> None:
+    """Route tensorboardX's ``gs://`` event files through :class:`RemoteRecordFile` (epath,
+    gcsfs), like every other file of the workdir, instead of its own google-cloud-storage
+    writer (whose ``__del__`` uploads the file once more whenever the garbage collector gets to
+    it). Process-wide."""
+    from tensorboardX import record_writer
+
+    record_writer.register_writer_factory("gs", RemoteRecordFiles())
+
+
 class Progress:
     """Logs every ``every`` steps and on demand; ``close()`` flushes the writers."""
 
-    def __init__(self, workdir: str | pathlib.Path, total_steps: int, global_batch: int,
+    def __init__(self, workdir: str | os.PathLike, total_steps: int, global_batch: int,
                  every: int, start_step: int = 0):
         self.total, self.batch, self.every = total_steps, global_batch, max(1, every)
         self.is_writer = jax.process_index() == 0
@@ -75,9 +146,13 @@ class Progress:
         if self.is_writer:
             from tensorboardX import SummaryWriter
 
-            workdir = pathlib.Path(workdir)
-            self._tb = SummaryWriter(str(workdir / "tensorboard"))
-            self._jsonl = open(workdir / "metrics.jsonl", "a")
+            workdir = epath.Path(workdir)
+            if is_remote(workdir):
+                use_epath_for_tensorboard()
+                self._jsonl = RemoteTextLog(workdir / "metrics.jsonl")
+            else:
+                self._jsonl = open(workdir / "metrics.jsonl", "a")
+            self._tb = SummaryWriter(os.fspath(workdir / "tensorboard"))
 
     def restart_clock(self, step: int) -> None:
         """Measure examples/s from here (call after the first, compiling, step)."""

@@ -35,7 +35,7 @@ import dataclasses
 import functools
 import json
 import math
-import pathlib
+import os
 import time
 from typing import Any
 
@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from etils import epath
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -62,6 +63,7 @@ from contrastive_jax.training.progress import MetricWindow, Progress
 from contrastive_jax.training.state_sharding import state_shardings
 from contrastive_jax.training.train_state import TrainState, create_state, params_digest
 from contrastive_jax.training.workdir_lock import workdir_lock
+from contrastive_jax.training.workdir_path import workdir_path
 
 
 def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
@@ -124,7 +126,7 @@ def _evaluation_names(config) -> str:
     return ", ".join(names)
 
 
-def _previous_results(workdir: pathlib.Path) -> dict[str, Any]:
+def _previous_results(workdir: epath.Path) -> dict[str, Any]:
     """The workdir's ``results.json`` (written by an earlier run), or ``{}``."""
     try:
         return json.loads((workdir / "results.json").read_text())
@@ -170,7 +172,7 @@ class Run:
     """The fixed parts of one training run, built once by :func:`prepare_run`."""
 
     config: ml_collections.ConfigDict
-    workdir: pathlib.Path
+    workdir: epath.Path  # a local path or gs://... (workdir_path)
     mesh: Mesh
     method: Method
     steps: int
@@ -199,7 +201,7 @@ def check_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> None:
                        mesh.shape[DATA_AXIS])
 
 
-def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
+def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike
                 ) -> tuple[Run, TrainState]:
     """The run's mesh, method, data, model and optimiser, and a fresh state on the mesh.
 
@@ -214,7 +216,7 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | pathlib.Path
     steps = total_steps(config, len(source))
     graphdef, state, tx = create_state(config, steps, method)
     state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
-    run = Run(config, pathlib.Path(workdir), mesh, method, steps, graphdef, tx, source,
+    run = Run(config, workdir_path(workdir), mesh, method, steps, graphdef, tx, source,
               train_iterator(config.data, mesh), start)
     return run, state
 
@@ -229,7 +231,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     (:mod:`~contrastive_jax.training.config_record`).
     """
     LossSettings.from_config(config.loss)  # bad loss settings fail before any work
-    pathlib.Path(workdir).mkdir(parents=True, exist_ok=True)
+    workdir_path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock(workdir):
         try:
             return _locked(config, workdir, accept_config_change)
@@ -262,7 +264,7 @@ def _locked(config: ml_collections.ConfigDict, workdir: str,
         then = f"resumes from step {max(left)}" if left else "starts from scratch"
         raise NonFiniteError(
             f"{err} The checkpoints of steps >= {first} hold the parameters that led there; "
-            f"they were moved to {pathlib.Path(moved[0]).parent}, so the next run {then}.",
+            f"they were moved to {epath.Path(moved[0]).parent}, so the next run {then}.",
             step=err.step, in_a_row=err.in_a_row) from None
     except BaseException:
         manager.close()  # release orbax's threads and files before the error propagates
@@ -316,7 +318,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
                 train_start = time.perf_counter()
             if progress.due(step):
                 progress.log_train(step, window.mean())
-            if stop.should_stop():
+            if stop.should_stop(step):
                 _check_finite(*pending, limit)
                 checkpoints.save(ckpt, step, state, stream, force=True)
                 stopped_at = step
@@ -340,7 +342,9 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     if stopped_at is not None:
         ckpt.wait_until_finished()
         ckpt.close()
-        cause = f"signal {stop.received}" if stop.received else "a signal to another process"
+        cause = (f"signal {stop.received}" if stop.received else
+                 "JAX's preemption sync point (a SIGTERM on some host)" if stop.sync_point else
+                 "a signal to another process")
         progress.message(f"stopped by {cause} after step {stopped_at}: "
                          f"checkpoint saved in {workdir / 'checkpoints'}; run the same command "
                          "to resume")

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import jax
 
 from contrastive_jax.errors import WorkdirError
+from contrastive_jax.training.workdir_path import is_remote
 
 LOCK_FILE = ".lock"
 
@@ -33,7 +34,7 @@ def workdir_lock(workdir: str | os.PathLike) -> Iterator[None]:
     Raises :class:`~contrastive_jax.errors.WorkdirError`, naming the holder, if another
     process holds it.
     """
-    if jax.process_index() != 0 or "://" in str(workdir):
+    if jax.process_index() != 0 or is_remote(workdir):
         yield
         return
     path = pathlib.Path(workdir) / LOCK_FILE

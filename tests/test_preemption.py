@@ -1,0 +1,71 @@
+"""How a run learns it must stop: JAX's preemption sync point on TPU, signals elsewhere.
+
+The sync point cannot fire on CPU (it needs TPU's preemption service over jax.distributed), so
+the TPU path is tested with ``reached_preemption_sync_point`` replaced; the end-to-end run
+stopped through it is in ``tests/test_remote_paths.py``, the signal path's in
+``tests/test_reliability.py`` and ``tests/test_distributed.py``.
+"""
+
+import signal
+
+import jax
+import pytest
+from jax.experimental import multihost_utils
+
+from contrastive_jax.training import preemption
+from contrastive_jax.training.preemption import StopSignal, uses_preemption_sync_point
+
+
+def test_the_sync_point_is_used_on_tpu_with_jax_distributed_only(monkeypatch):
+    assert not uses_preemption_sync_point()  # here: CPU, no jax.distributed
+    # and here JAX's sync point never fires: it answers False without a distributed client
+    assert multihost_utils.reached_preemption_sync_point(1) is False
+    for backend, initialized, expected in [("cpu", True, False), ("gpu", True, False),
+                                           ("tpu", False, False), ("tpu", True, True)]:
+        monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+        monkeypatch.setattr(jax.distributed, "is_initialized", lambda i=initialized: i)
+        assert uses_preemption_sync_point() is expected, (backend, initialized)
+        assert StopSignal().sync_point is expected
+    jax.config.update("jax_enable_preemption_service", False)
+    try:
+        assert not uses_preemption_sync_point()  # tpu, initialised, service off
+    finally:
+        jax.config.update("jax_enable_preemption_service", True)
+
+
+def test_tpu_path_asks_the_sync_point_every_step_and_leaves_sigterm_to_jax(monkeypatch):
+    asked = []
+    monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point",
+                        lambda step: asked.append(step) or step == 7)
+    raise_signal = signal.raise_signal
+    forwarded = []
+    monkeypatch.setattr(signal, "raise_signal", forwarded.append)
+    sigterm_before = signal.getsignal(signal.SIGTERM)
+    sigint_before = signal.getsignal(signal.SIGINT)
+    with StopSignal(sync_point=True) as stop:
+        # JAX's preemption service owns SIGTERM: no Python handler replaces it
+        assert signal.getsignal(signal.SIGTERM) is sigterm_before
+        assert signal.getsignal(signal.SIGINT) == stop._handle
+        assert [stop.should_stop(step) for step in range(5, 9)] == [False, False, True, False]
+        assert asked == [5, 6, 7, 8]
+        raise_signal(signal.SIGINT)  # Ctrl-C: handed to JAX's SIGTERM handler
+        assert stop.received == signal.SIGINT and forwarded == [signal.SIGTERM]
+        with pytest.raises(KeyboardInterrupt):  # a second one interrupts at once
+            raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is sigint_before
+    assert signal.getsignal(signal.SIGTERM) is sigterm_before
+
+
+def test_cpu_path_is_the_signal_flag(monkeypatch):
+    def never(step):
+        raise AssertionError("the sync point must not be asked off TPU")
+
+    monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point", never)
+    before = {s: signal.getsignal(s) for s in preemption.SIGNALS}
+    with StopSignal() as stop:
+        assert not stop.sync_point
+        assert all(signal.getsignal(s) == stop._handle for s in preemption.SIGNALS)
+        assert not stop.should_stop(1)
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.received == signal.SIGTERM and stop.should_stop(2)
+    assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before
