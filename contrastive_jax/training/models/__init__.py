@@ -5,6 +5,12 @@
     model.name = "simclr" | "moco"       encoder + projection head (MoCo: + key copy, queue)
                  "dual_encoder"          sample tower + text tower + logit scale (CLIP, SigLIP)
     model.encoder / sample_encoder / text_encoder = {"name": one of ENCODERS, **its kwargs}
+    model.dtype        "float32" (default) | "bfloat16": the compute dtype of every encoder and
+                       head; parameters stay float32, the embeddings for the loss are float32
+                       (precision.py)
+    model.remat        False (default) | True: rematerialise the repeated blocks (Transformer
+                       blocks, ResNet blocks, the signal CNN's and the MLP's layers; remat.py)
+    model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dual_encoder import DualEncoder
 from contrastive_jax.training.models.heads import ProjectionHead
 from contrastive_jax.training.models.mlp import MLPEncoder
+from contrastive_jax.training.models.precision import compute_dtype
+from contrastive_jax.training.models.remat import check_policy
 from contrastive_jax.training.models.resnet import ResNet
 from contrastive_jax.training.models.signal_cnn import SignalCNN
 from contrastive_jax.training.models.simclr import SimCLR
@@ -27,22 +35,49 @@ from contrastive_jax.training.models.transformer import TextTransformer, ViT
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}
 MODELS = ("simclr", "moco", "dual_encoder")
+# every model takes the whole-model settings (compute dtype, rematerialisation)
+MODEL_WIDE = {"dtype", "remat", "remat_policy"}
 MODEL_KEYS = {
-    "simclr": {"name", "encoder", "head", "learn_temperature", "init_temperature"},
+    "simclr": {"name", "encoder", "head", "learn_temperature", "init_temperature", *MODEL_WIDE},
     "moco": {"name", "encoder", "head", "learn_temperature", "init_temperature", "momentum",
-             "queue_size"},
+             "queue_size", *MODEL_WIDE},
     "dual_encoder": {"name", "sample_encoder", "text_encoder", "embed_dim", "init_temperature",
-                     "siglip", "init_bias"},
+                     "siglip", "init_bias", *MODEL_WIDE},
 }
+# set once for the whole model by build_model, never in an encoder's own block
+_FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.remat_policy"}
 
 
-def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
-    """``ENCODERS[config["name"]](**rest)``; unknown names or arguments say what is valid."""
+def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
+                  remat_policy: str | None = None) -> nnx.Module:
+    """``ENCODERS[config["name"]](**rest, dtype=dtype, remat_policy=...)``; unknown names or
+    arguments say what is valid. ``dtype`` (:func:`.precision.compute_dtype`) and
+    ``remat_policy`` (:mod:`.remat`; ``None``: off) come from the model's settings."""
     config = dict(config)
     name = config.pop("name", None)
     if name not in ENCODERS:
         raise ConfigError(f"unknown encoder {name!r}; valid: {sorted(ENCODERS)}")
-    return _construct(ENCODERS[name], config, rngs, f"encoder {name!r}")
+    for key, where in _FROM_MODEL.items():
+        if key in config:
+            raise ConfigError(f"encoder {name!r}: {key!r} is a setting of the whole model; "
+                              f"remove it from the encoder and set {where}")
+    return _construct(ENCODERS[name], config, rngs, f"encoder {name!r}",
+                      {"dtype": dtype, "remat_policy": remat_policy})
+
+
+def model_settings(config: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """``(compute dtype, remat policy or None)`` of a ``model`` block's ``dtype``, ``remat`` and
+    ``remat_policy`` (defaults ``"float32"``, ``False``, ``"nothing_saveable"``); bad values are
+    a :class:`ConfigError` naming the valid ones."""
+    dtype = compute_dtype(config.get("dtype", "float32"))
+    remat = config.get("remat", False)
+    if not isinstance(remat, bool):
+        raise ConfigError(f"model.remat must be True or False; got {remat!r}")
+    policy = check_policy(config.get("remat_policy", "nothing_saveable"))
+    if not remat and policy != "nothing_saveable":
+        raise ConfigError(f"model.remat_policy = {policy!r} has no effect while model.remat is "
+                          "False; set model.remat = True (or drop the policy)")
+    return dtype, policy if remat else None
 
 
 def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
@@ -55,29 +90,33 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     if unknown:
         raise ConfigError(f"model {name!r}: unknown settings {unknown}; valid: "
                          f"{sorted(MODEL_KEYS[name])}")
+    dtype, policy = model_settings(config)
     if name != "dual_encoder":
-        encoder = build_encoder(config["encoder"], rngs)
+        encoder = build_encoder(config["encoder"], rngs, dtype=dtype, remat_policy=policy)
         head = dict(config.get("head", {}))
+        if "dtype" in head:
+            raise ConfigError("model.head: 'dtype' is a setting of the whole model; remove it "
+                              "from the head and set model.dtype")
         head = ProjectionHead(encoder.features, head.pop("hidden", 256), head.pop("out", 128),
-                              rngs=rngs, **head)
+                              dtype=dtype, rngs=rngs, **head)
         options = {k: config[k] for k in ("learn_temperature", "init_temperature")
                    if k in config}
         return SimCLR(encoder, head, **options)
-    sample = build_encoder(config["sample_encoder"], rngs)
-    text = build_encoder(config["text_encoder"], rngs)
+    sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype, remat_policy=policy)
+    text = build_encoder(config["text_encoder"], rngs, dtype=dtype, remat_policy=policy)
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias")
                if k in config}
-    return DualEncoder(sample, text, rngs=rngs, **options)
+    return DualEncoder(sample, text, dtype=dtype, rngs=rngs, **options)
 
 
-def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str):
+def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     params = inspect.signature(cls.__init__).parameters
-    valid = sorted(p for p in params if p not in ("self", "rngs"))
+    valid = sorted(p for p in params if p not in ("self", "rngs", *settings))
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise ConfigError(f"{what}: unknown arguments {unknown}; valid: {valid}")
-    return cls(**kwargs, rngs=rngs)
+    return cls(**kwargs, **settings, rngs=rngs)
 
 
 __all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectionHead", "ResNet", "SignalCNN",
-           "SimCLR", "TextTransformer", "ViT", "build_encoder", "build_model"]
+           "SimCLR", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]

@@ -11,6 +11,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dropout import fold_each
+from contrastive_jax.training.models.precision import loss_dtype
 from contrastive_jax.training.models.simclr import _encode
 
 
@@ -21,19 +22,21 @@ class DualEncoder(nnx.Module):
     (CLIP: ``init_temperature = 0.07``); the loss uses ``min(exp(log_scale), 100)`` and the
     trainer clamps the parameter at ``log 100`` after each update (docs/derivations.md §7.6). With
     ``siglip=True`` there is also a learnable ``bias`` (SigLIP: init ``log_scale = log 10``,
-    ``bias = -10``, Zhai et al. 2023).
+    ``bias = -10``, Zhai et al. 2023). ``dtype``: the compute dtype of the projections
+    (:mod:`.precision`; the towers get theirs from :func:`~.build_model`); the embeddings leave
+    the module in float32 (or float64) whatever it is.
     """
 
     def __init__(self, sample_encoder: nnx.Module, text_encoder: nnx.Module, *,
                  embed_dim: int, init_temperature: float = 0.07, siglip: bool = False,
-                 init_bias: float = -10.0, rngs: nnx.Rngs):
+                 init_bias: float = -10.0, dtype=None, rngs: nnx.Rngs):
         if init_temperature <= 0:
             raise ConfigError(f"init_temperature must be > 0; got {init_temperature}")
         self.sample_encoder, self.text_encoder = sample_encoder, text_encoder
         self.sample_proj = nnx.Linear(sample_encoder.features, embed_dim, use_bias=False,
-                                      rngs=rngs)
+                                      dtype=dtype, rngs=rngs)
         self.text_proj = nnx.Linear(text_encoder.features, embed_dim, use_bias=False,
-                                    rngs=rngs)
+                                    dtype=dtype, rngs=rngs)
         self.log_scale = nnx.Param(jnp.asarray(math.log(1.0 / init_temperature), jnp.float32))
         self.bias = nnx.Param(jnp.asarray(init_bias, jnp.float32)) if siglip else None
         self.embed_dim = embed_dim
@@ -47,12 +50,16 @@ class DualEncoder(nnx.Module):
 
     def embed_samples(self, sample: jax.Array, *, train: bool = False,
                       dropout_keys: jax.Array | None = None) -> jax.Array:
-        return self.sample_proj(_encode(self.sample_encoder, sample, train, dropout_keys))
+        """``(B, embed_dim)`` embeddings of the samples, float32."""
+        return loss_dtype(self.sample_proj(_encode(self.sample_encoder, sample, train,
+                                                   dropout_keys)))
 
     def embed_texts(self, tokens: jax.Array, *, train: bool = False,
                     dropout_keys: jax.Array | None = None) -> jax.Array:
-        return self.text_proj(_encode(self.text_encoder, tokens, train, dropout_keys))
+        """``(B, embed_dim)`` embeddings of the token ids, float32."""
+        return loss_dtype(self.text_proj(_encode(self.text_encoder, tokens, train,
+                                                 dropout_keys)))
 
     def features(self, sample: jax.Array) -> jax.Array:
-        """Frozen sample-tower representations (before the projection) for probes."""
-        return _encode(self.sample_encoder, sample, False, None)
+        """Frozen sample-tower representations (before the projection) for probes, float32."""
+        return loss_dtype(_encode(self.sample_encoder, sample, False, None))

@@ -8,26 +8,36 @@ import jax
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.remat import checkpointed
 
 
 class MLPEncoder(nnx.Module):
     """``depth`` x (Linear -> ReLU) of width ``hidden``, then Linear to ``features``.
 
-    Input ``(B, in_features)``, output ``(B, features)``. Poole et al. 2019's separable critic
-    uses two of these (2 x 256 ReLU, 32-d embeddings).
+    Input ``(B, in_features)``, output ``(B, features)`` in the compute dtype. Poole et al.
+    2019's separable critic uses two of these (2 x 256 ReLU, 32-d embeddings). ``dtype``: the
+    compute dtype (:mod:`.precision`); ``remat_policy``: each Linear -> ReLU layer
+    rematerialised (:mod:`.remat`; ``None``: off).
     """
 
     def __init__(self, *, in_features: int, hidden: int = 256, depth: int = 2,
-                 features: int = 32, rngs: nnx.Rngs):
+                 features: int = 32, dtype=None, remat_policy: str | None = None,
+                 rngs: nnx.Rngs):
         dims = [in_features] + [hidden] * depth
-        self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(dims)])
-        self.out = nnx.Linear(dims[-1], features, rngs=rngs)
+        self.layers = nnx.List([nnx.Linear(a, b, dtype=dtype, rngs=rngs)
+                                for a, b in itertools.pairwise(dims)])
+        self.out = nnx.Linear(dims[-1], features, dtype=dtype, rngs=rngs)
         self.in_features, self.features = in_features, features
+        self.remat_policy = remat_policy
 
     def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
         del train  # no dropout or normalisation
         if x.ndim != 2 or x.shape[1] != self.in_features:
             raise ConfigError(f"MLPEncoder expects (batch, {self.in_features}); got {x.shape}")
+        def layer_fn(layer, x):
+            return nnx.relu(layer(x))
+
+        step = checkpointed(layer_fn, self.remat_policy)
         for layer in self.layers:
-            x = nnx.relu(layer(x))
+            x = step(layer, x)
         return self.out(x)

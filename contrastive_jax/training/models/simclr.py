@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.precision import loss_dtype
 
 
 class SimCLR(nnx.Module):
@@ -21,7 +22,8 @@ class SimCLR(nnx.Module):
     ``log_scale = log(1 / tau)``, a parameter trained with the rest (the temperature ablation);
     otherwise tau is fixed by the loss config. MoCo's query encoder is the same module; its key
     encoder is a copy of the parameters kept in the train state
-    (:mod:`contrastive_jax.training.methods.moco`).
+    (:mod:`contrastive_jax.training.methods.moco`). ``z`` and ``h`` leave the module in float32
+    (or float64) whatever the compute dtype (:func:`.precision.loss_dtype`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
@@ -39,11 +41,11 @@ class SimCLR(nnx.Module):
         """``(z, h)``: projections ``(B, head.out_features)`` and representations;
         ``dropout_keys (B,)``: one key per example for encoders with dropout."""
         h = _encode(self.encoder, x, train, dropout_keys)
-        return self.head(h, train=train), h
+        return loss_dtype(self.head(h, train=train)), loss_dtype(h)
 
     def features(self, x: jax.Array) -> jax.Array:
-        """Frozen representations ``h = f(x)`` for probes (inference mode)."""
-        return _encode(self.encoder, x, False, None)
+        """Frozen representations ``h = f(x)`` for probes (inference mode), float32."""
+        return loss_dtype(_encode(self.encoder, x, False, None))
 
 
 def _encode(encoder: nnx.Module, x: jax.Array, train: bool, dropout_keys: jax.Array | None):
