@@ -69,7 +69,7 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, data="coco_captions", batch=32768, epochs=100, steps=0, strategy="ring",
-              tokenizer="", tiny=False)
+              tokenizer="", accumulation=1, tiny=False)
     config = base_config()
     config.data = data.default_config()
     split = TRAIN_SPLIT.get(v.data, "train")
@@ -99,7 +99,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                          "features": 512},
         "embed_dim": 512,
         "init_temperature": 0.07,
+        # bf16 matmuls, float32 parameters, optimiser state and loss statistics; every
+        # Transformer block recomputed in the backward pass (docs/training.md)
+        "dtype": "bfloat16",
+        "remat": True,
     }
+    # parameters and AdamW moments split over the 256 chips (docs/sharding.md)
+    config.sharding.params = "fsdp"
+    config.accumulation_steps = v.accumulation
     config.method = "clip"
     config.loss = {"name": "clip", "strategy": v.strategy, "block_size": 1024}
     config.optimizer = {"name": "adamw", "learning_rate": 5e-4,
@@ -126,4 +133,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.model.text_encoder.update({"vocab_size": 64, "max_tokens": 12, "width": 16,
                                           "depth": 1, "heads": 2, "features": 16})
         config.model.embed_dim = 8
+        config.sharding.min_size = 0  # split even the tiny leaves, so the test covers FSDP
     return config

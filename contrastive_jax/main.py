@@ -88,8 +88,6 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise ConfigError(_last_line(cause)) from None
         raise ConfigError(_last_line(err)) from None
     except AttributeError as err:  # ml_collections: an override naming no field
-        if "Did you mean" not in str(err):
-            raise
         message = str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
         raise ConfigError(f"unknown config key {message}") from None
 

@@ -10,6 +10,8 @@ and the compiled step's temporaries; then, against named accelerators, whether t
 (:mod:`contrastive_jax.training.state_sharding`); the temporaries are XLA:CPU's for the same
 partitioned program, an approximation of the accelerator's (the TPU and GPU compilers fuse,
 lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
+The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
+which keeps rematerialisation as the accelerators do (XLA:CPU would otherwise undo it).
 
 Exit status 2 with one line ``error: ...`` for a config that cannot be compiled (a batch that
 does not divide over the devices, an unknown setting), as the trainer would say at start.
@@ -106,6 +108,7 @@ def plan(config, mesh) -> Plan:
 
     from contrastive_jax.mesh import DATA_AXIS
     from contrastive_jax.training.methods import method_for
+    from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
     from contrastive_jax.training.state_sharding import bytes_per_device, state_shardings
     from contrastive_jax.training.train import check_batch, compiled_step
     from contrastive_jax.training.train_state import create_state
@@ -129,7 +132,8 @@ def plan(config, mesh) -> Plan:
              for k, (shape, dtype) in example_shapes(config).items()}
     step = compiled_step(config, mesh, built["graphdef"], state, built["tx"], steps, method)
     start = time.perf_counter()
-    compiled = step.lower(state, batch).compile()
+    # keep remat's barriers, as the TPU and GPU compilers do (XLA:CPU would undo remat)
+    compiled = step.lower(state, batch).compile(compiler_options=CPU_COMPILER_OPTIONS)
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     if memory is None:
