@@ -34,6 +34,8 @@ def test_plan_counts_the_parameters_exactly_replicated_and_fsdp():
     Optimiser state is AdamW's two moments (+ its counters), the batch the rows of one
     device."""
     config = load_config("clip_vit_b16_pod.py:tiny")
+    assert config.sharding.params == "fsdp"  # the template's setting
+    config.sharding.params = "replicated"
     mesh = make_mesh({"data": 8})
     count = dual_encoder_params(config.model)
     replicated = plan(config, mesh)
@@ -44,7 +46,7 @@ def test_plan_counts_the_parameters_exactly_replicated_and_fsdp():
     assert replicated.batch == rows * (size * size * 3 * 4 + config.model.text_encoder.max_tokens
                                        * 4)
     assert replicated.temporaries > 0 and replicated.total > replicated.params
-    config.sharding = {"params": "fsdp", "min_size": 0}
+    config.sharding.params = "fsdp"  # tiny: min_size 0, every leaf split
     fsdp = plan(config, mesh)
     assert fsdp.params == 4 * ((count - 1) // 8 + 1)
     assert fsdp.opt_state <= replicated.opt_state / 8 + 64

@@ -126,6 +126,18 @@ def _evaluation_names(config) -> str:
     return ", ".join(names)
 
 
+def _scale_settings(config) -> str:
+    """``", state fsdp, bfloat16 compute, remat"``: the settings that are not the defaults."""
+    parts = []
+    if config.get("sharding", {}).get("params", "replicated") != "replicated":
+        parts.append(f"state {config.sharding.params}")
+    if config.model.get("dtype", "float32") != "float32":
+        parts.append(f"{config.model.dtype} compute")
+    if config.model.get("remat", False):
+        parts.append("remat")
+    return "".join(f", {p}" for p in parts)
+
+
 def _previous_results(workdir: epath.Path) -> dict[str, Any]:
     """The workdir's ``results.json`` (written by an earlier run), or ``{}``."""
     try:
@@ -289,8 +301,8 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     micro = f" ({k} micro-batches of {config.data.batch_size // k})" if k > 1 else ""
     progress.message(f"{'resumed from step ' + str(resumed) if resumed is not None else 'start'}"
                      f": {steps} steps of {config.data.batch_size}{micro} on "
-                     f"{mesh.devices.size} devices ({jax.process_count()} processes), "
-                     f"workdir {workdir}")
+                     f"{mesh.devices.size} devices ({jax.process_count()} processes)"
+                     f"{_scale_settings(config)}, workdir {workdir}")
     step_fn = run.step_fn(state)
     window = MetricWindow()
     # evaluations of the steps this run resumes after, from the run(s) before it
