@@ -105,6 +105,18 @@ def test_clamped_log_scale_and_skipped_non_finite_step():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_example_gives_a_nan_loss_through_batchnorm_and_relu(bad):
+    """SimCLR's CNN (BatchNorm, ReLU, mean pooling): one example all NaN (or inf) makes the
+    step's loss NaN and skips the update. Without the batch check in train_step the loss came
+    out finite, log(2N - 1): XLA:CPU's fused max drops NaN, so mean(relu(x)) of NaNs is 0."""
+    config, mesh, _, state, step = setup("simclr_mnist1d.py:quick")
+    batch = next(train_iterator(config.data, mesh))
+    poisoned = dict(batch, signal=batch["signal"].at[3].set(bad))
+    new, metrics = step(state, poisoned)
+    assert np.isnan(float(metrics["loss"])) and int(new.skipped) == 1
+
+
 def test_data_parallel_step_equals_single_device_step():
     """8 devices (ring loss, BatchNorm over the global batch) == 1 device, one step."""
     results = []

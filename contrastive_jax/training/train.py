@@ -86,9 +86,10 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     the global batch (augmentations, dropout), so a resumed run draws the same keys and an
     example draws the same randomness in any micro-batch. The gradient is that of the
     global-batch loss, with ``accumulation_steps = K`` micro-batches exactly as with one
-    (:func:`~contrastive_jax.training.accumulation.step_gradients`). A non-finite loss or
-    gradient, or updated parameters whose float32 norm overflows (an update that sent them
-    past ~1e19: a learning rate of 1e30, say), skips the update (the step counter, ``skipped``
+    (:func:`~contrastive_jax.training.accumulation.step_gradients`). A NaN or inf anywhere in
+    the batch makes the loss NaN. A non-finite loss or gradient, or updated parameters whose
+    float32 norm overflows (an update that sent them past ~1e19: a learning rate of 1e30, say),
+    skips the update (the step counter, ``skipped``
     and ``skipped_in_a_row`` advance, nothing else changes), so the state, and every
     checkpoint of it, only ever holds finite parameters.
     """
@@ -97,6 +98,10 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     loss, grads, metrics, outputs, rest, extra = step_gradients(
         state.params, state.rest, batch, keys, state.extra, graphdef=graphdef, method=method,
         ctx=ctx, accumulation_steps=accumulation_steps)
+    # a NaN or inf in the batch makes the loss NaN whatever the encoders do with it (XLA:CPU's
+    # fused max drops NaN: mean(relu(x)) of an all-NaN x is 0, so BatchNorm + ReLU + mean
+    # pooling can turn a NaN example into finite features)
+    loss = jnp.where(checkpoints.all_finite(batch), loss, jnp.nan)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = clamp_log_scale(optax.apply_updates(state.params, updates), ctx.loss.max_scale)
     extra = method.after_update(extra, params, outputs, ctx)
