@@ -11,10 +11,8 @@ ones ``mock_data`` yields), made encodable: images as PIL images (JPEG encoding 
 TensorFlow for arrays), the sub-features of a sequence cut to one length, boxes ordered.
 """
 
-import importlib.util
 import math
 import types
-from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -23,6 +21,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 from tensorflow_datasets.object_detection import coco, coco_captions
 from tensorflow_datasets.testing.mocking import RandomFakeGenerator
+from test_train import load_config
 
 from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
 from contrastive_jax.training import train
@@ -34,17 +33,8 @@ from contrastive_jax.training.data.pipeline import (
 )
 from contrastive_jax.training.data.sources import open_split, prepared_dir
 
-REPO = Path(__file__).resolve().parents[1]
 MOCK_SPLITS = {"train": 24, "restval": 8, "val": 16, "test": 4}
 
-
-def load_config(spec: str):
-    """``configs/NAME.py[:variant]`` -> the ConfigDict, as ``--config`` would load it."""
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("cfg", REPO / "configs" / path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
 
 
 def encodable(feature, value):

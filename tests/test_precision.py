@@ -6,16 +6,15 @@ float32 gradients stay close to float32's, and bad settings of ``dtype`` / ``rem
 a :class:`ConfigError` naming the valid values.
 """
 
-import importlib.util
 import re
 from collections import Counter
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_train import load_config
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
@@ -25,7 +24,6 @@ from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_model
 from contrastive_jax.training.train_state import create_state
 
-REPO = Path(__file__).resolve().parents[1]
 TEXT = {"name": "text_transformer", "vocab_size": 24, "max_tokens": 6, "width": 16, "depth": 1,
         "heads": 2, "features": 16, "dropout": 0.1}
 ENCODERS = [
@@ -42,13 +40,6 @@ MODELS = [{"name": "simclr", "encoder": e, "head": {"hidden": 8, "out": 4}} for 
      "embed_dim": 8, "siglip": True},
 ]
 
-
-def load_config(spec: str):
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("cfg", REPO / "configs" / path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
 
 
 def example_input(config: dict):
