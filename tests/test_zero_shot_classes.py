@@ -177,3 +177,46 @@ def test_zero_shot_config_errors():
     config.evaluation.zero_shot.clas_names = "tfds"
     with pytest.raises(ConfigError, match="clas_names"):
         frozen_model.class_name_zero_shot(graphdef, state, config, mesh)
+
+
+def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inputs():
+    """The image-text template (tiny, float32) with the clip_bpe tokenizer: a classification
+    dataset's images are resized and centre-cropped to data.preprocess.image_size as in
+    training, gathered over 8 devices in order, and embed like the model on those inputs; the
+    prompts embed like the text tower on the tokenizer's rows."""
+    from flax import nnx
+
+    from contrastive_jax.training.data.pipeline import resize_center_crop
+
+    spec = importlib.util.spec_from_file_location("pod", REPO / "configs" / "clip_vit_b16_pod.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("tiny")
+    merges = str(FIXTURES / "clip_bpe_merges.txt.gz")
+    config.data.preprocess.tokenizer = {"kind": "clip_bpe", "path": merges}
+    config.model.dtype = "float32"
+    config.model.remat = False
+    config.model.text_encoder.vocab_size = 2406
+    graphdef, state, _ = create_state(config, 2, method_for(config))
+    mesh = make_mesh({"data": 8}, jax.devices())
+    state = jax.device_put(state, replicated(mesh, state))
+    rng = np.random.default_rng(0)
+    source = [{"image": rng.integers(0, 256, (20, 28, 3), dtype=np.uint8), "label": i % 5,
+               "extra": np.float32(i)} for i in range(12)]
+    x, y = frozen_model.zero_shot_samples(graphdef, state, config, mesh, source, "image",
+                                          "label", 8)
+    model = nnx.merge(graphdef, state.params, state.rest)
+    images = np.stack([resize_center_crop(e["image"], 32) for e in source]) / np.float32(255)
+    np.testing.assert_array_equal(y, [i % 5 for i in range(12)])
+    np.testing.assert_allclose(x, model.embed_samples(images.astype(np.float32)),
+                               rtol=1e-5, atol=1e-6)
+    names, templates = ("cat", "dog", "sea lion"), pt.resolve_templates("imagenet_selected")
+    prompts = frozen_model.class_name_prompt_embeddings(graphdef, state, config, names,
+                                                        templates)
+    tok = load_tokenizer({"kind": "clip_bpe", "path": merges})
+    rows = tok.encode([t.format(n) for n in names for t in templates], 12)
+    np.testing.assert_allclose(prompts, np.asarray(model.embed_texts(rows)).reshape(3, 7, -1),
+                               rtol=1e-5, atol=1e-6)
+    config.data.preprocess.vocab_size = 64
+    with pytest.raises(ConfigError, match=r"data\.preprocess\.vocab_size"):
+        frozen_model.class_name_prompt_embeddings(graphdef, state, config, names, templates)

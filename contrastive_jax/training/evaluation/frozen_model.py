@@ -32,7 +32,7 @@ from contrastive_jax.training.augmentations import two_views
 from contrastive_jax.training.data import captions, eval_dataset, eval_iterator, open_split
 from contrastive_jax.training.data import prompt_templates as prompts_of
 from contrastive_jax.training.data.pipeline import resize_center_crop, standard_preprocess
-from contrastive_jax.training.data.text_tokenizers import load_tokenizer
+from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
 
 
 def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
@@ -132,13 +132,16 @@ def _sample_embedder(graphdef):
 
 def run_tokenizer(config) -> tuple:
     """The run's tokenizer and token length: ``data.preprocess.tokenizer`` (or ``vocabulary``)
-    and ``max_tokens`` with the ``image_text`` preprocessing; otherwise (captions tokenised in
+    and ``max_tokens`` with the ``image_text`` preprocessing (ConfigError when its ids need
+    more than ``data.preprocess.vocab_size`` embedding rows); otherwise (captions tokenised in
     the dataset, e.g. ``digit_captions``) the package's word vocabulary and
     ``model.text_encoder.max_tokens``."""
     pre = config.data.get("preprocess", {})
     if pre.get("name", "standard") == "image_text":
         spec = pre.get("tokenizer") or {"kind": "words", "path": pre.get("vocabulary", "")}
-        return load_tokenizer(dict(spec)), int(pre.get("max_tokens", 32))
+        tokenizer = load_tokenizer(dict(spec))
+        check_vocab_size(tokenizer, pre.get("vocab_size"), "data.preprocess.vocab_size")
+        return tokenizer, int(pre.get("max_tokens", 32))
     length = config.model.get("text_encoder", {}).get("max_tokens", captions.MAX_TOKENS)
     return load_tokenizer({"kind": "words", "path": ""}), int(length)
 
