@@ -28,12 +28,13 @@ def tokenizer():
 
 
 def test_fixture_is_varied_and_truncates():
-    """The fixture holds a few hundred strings, and at context length 12 many rows are cut
-    (so truncation is exercised), while no row at 77 is a trivial start + end only."""
+    """The fixture holds a few hundred strings, and rows end in <end_of_text> at the last
+    position at both context lengths (truncation is exercised: 100 cut at 12, 29 at 77)."""
     strings, ids = RECORD["strings"], RECORD["ids"]
     assert len(strings) >= 300
     short = np.asarray(ids["12"])
     assert np.sum(short[:, -1] == RECORD["end_id"]) >= 100
+    assert np.sum(np.asarray(ids["77"])[:, -1] == RECORD["end_id"]) >= 20
     assert any(ord(c) > 0x3000 for s in strings for c in s)  # CJK, emoji
     assert any("&amp;" in s for s in strings)
 

@@ -19,7 +19,7 @@ default ``clean="lower"``, no reduction) does, and so what :class:`ClipBpeTokeni
    ``<end_of_text>`` become the special ids, as in open_clip.
 4. Each piece's UTF-8 bytes map to printable symbols (GPT-2's byte-to-unicode table), its
    last symbol gets ``</w>``, and the lowest-ranked adjacent pair is merged until no pair is a
-   merge (Sennrich et al.'s BPE, as in GPT-2 and CLIP).
+   merge (byte-level BPE as in GPT-2 and [CLIP]).
 5. A row is ``<start_of_text> ids <end_of_text>`` padded with 0 to the context length; a
    longer row is cut to the context length and its last id replaced by ``<end_of_text>``.
 
