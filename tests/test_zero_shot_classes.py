@@ -155,9 +155,12 @@ def test_class_names_and_digit_templates_give_the_digit_prompts_result():
     assert eight["zero_shot"] == pytest.approx(digits, abs=1e-12)
     assert eight == pytest.approx(one, abs=1e-12)
     assert eight["zero_shot"] <= eight["zero_shot_top5"] <= 1
-    both = copy.deepcopy(config)
     with pytest.raises(ConfigError, match="not both"):
-        frozen_model.evaluate(graphdef, state8, both, mesh)
+        frozen_model.evaluate(graphdef, state8, config, mesh)
+    config.evaluation.zero_shot_prompts = ""
+    config.evaluation.classification = False
+    results = frozen_model.evaluate(graphdef, state8, config, mesh)
+    assert {k: results[k] for k in eight} == eight
 
 
 def test_zero_shot_config_errors():
