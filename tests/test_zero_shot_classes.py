@@ -15,7 +15,12 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training.data import captions, open_split
 from contrastive_jax.training.data import prompt_templates as pt
 from contrastive_jax.training.data.text_tokenizers import load_tokenizer
-from contrastive_jax.training.evaluation import frozen_model, zero_shot_accuracy, zero_shot_topk
+from contrastive_jax.training.evaluation import (
+    frozen_model,
+    zero_shot_accuracy,
+    zero_shot_topk,
+    zero_shot_weights,
+)
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.train_state import create_state, replicated
 
@@ -23,16 +28,24 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 
 
-def _slow_topk(x, labels, prompts, k):
-    """The obvious loops: unit prompts, their mean, unit again; cosines; rank of the truth."""
-    def unit(v):
-        n = math.sqrt(sum(a * a for a in v))
-        return [a / n for a in v]
+def _unit(v):
+    n = math.sqrt(sum(a * a for a in v))
+    return [a / n for a in v]
 
+
+def _slow_weights(prompts):
+    """The obvious loops: unit prompts, their mean over templates, unit again."""
     weights = []
     for per_class in prompts:
-        units = [unit(p) for p in per_class]
-        weights.append(unit([sum(u[j] for u in units) / len(units) for j in range(len(units[0]))]))
+        units = [_unit(p) for p in per_class]
+        weights.append(_unit([sum(u[j] for u in units) / len(units)
+                              for j in range(len(units[0]))]))
+    return weights
+
+
+def _slow_topk(x, labels, prompts, k):
+    """Cosines with the slow weights; correct when fewer than k classes score higher."""
+    unit, weights = _unit, _slow_weights(prompts)
     correct = 0
     for xi, yi in zip(x, labels, strict=True):
         xi = unit(xi)
@@ -50,6 +63,8 @@ def test_topk_equals_a_slow_reference_in_float64():
         prompts = rng.normal(size=(7, 4, 5)) * rng.uniform(0.1, 10, size=(7, 4, 1))
         x = rng.normal(size=(60, 5))
         labels = rng.integers(0, 7, size=60)
+        np.testing.assert_allclose(zero_shot_weights(prompts), _slow_weights(prompts.tolist()),
+                                   rtol=1e-14, atol=1e-15)
         scores = zero_shot_topk(x, labels, prompts)
         assert set(scores) == {"top1", "top5"}
         for k in (1, 5):
