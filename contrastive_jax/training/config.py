@@ -82,6 +82,17 @@ def base_config() -> ml_collections.ConfigDict:
                        # dual encoders: class prompts of this modality ("signal" | "image",
                        # contrastive_jax.training.data.captions) for zero-shot accuracy; "" = none
                        "zero_shot_prompts": "",
+                       # dual encoders: zero-shot with class names (a tuple, a file with one
+                       # per line, or "tfds": the ClassLabel names; "" = none) and templates
+                       # ("imagenet" | "imagenet_selected" | "simple" | a tuple with {}),
+                       # tokenised by data.preprocess.tokenizer, on dataset[split] ("": the
+                       # run's data and eval split); docs/pretrained.md
+                       "zero_shot": {
+                           "class_names": ml_collections.FieldReference("", field_type=object),
+                           "templates": ml_collections.FieldReference("imagenet",
+                                                                      field_type=object),
+                           "dataset": "", "split": "", "input_key": "",  # "": input_key
+                           "label_key": "label", "batch_size": 0},  # 0: data.eval_batch_size
                        # dual encoders: retrieval counts a candidate as correct when this batch
                        # feature equals the query's ("caption_id", "label"); "" = its own pair
                        "retrieval_match": ""},

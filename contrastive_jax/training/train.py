@@ -126,7 +126,8 @@ def _evaluation_names(config) -> str:
     names = ["linear probe", "kNN", "alignment and uniformity"]
     if config.model.get("name") == "dual_encoder":
         names.append("retrieval")
-        if config.evaluation.get("zero_shot_prompts"):
+        if (config.evaluation.get("zero_shot_prompts")
+                or config.evaluation.get("zero_shot", {}).get("class_names")):
             names.append("zero-shot")
     return ", ".join(names)
 

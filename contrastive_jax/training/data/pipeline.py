@@ -117,6 +117,19 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., 
     return preprocess
 
 
+def resize_center_crop(image: np.ndarray, image_size: int) -> np.ndarray:
+    """(H, W, 3) uint8 -> (image_size, image_size, 3) uint8: the shorter side resized to
+    ``image_size`` (bilinear, PIL), then the centre crop."""
+    from PIL import Image
+
+    h, w = image.shape[:2]
+    scale = image_size / min(h, w)
+    size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
+    resized = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+    top, left = (size[1] - image_size) // 2, (size[0] - image_size) // 2
+    return resized[top:top + image_size, left:left + image_size]
+
+
 def image_text_preprocess(*, image_key: str = "image", caption_key: str = "captions/text",
                           image_size: int = 224, max_tokens: int = 32,
                           vocabulary: str = "", tokenizer: Mapping[str, str] | None = None,
@@ -135,8 +148,6 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     cut at ``max_tokens`` (CLIP's context length). ``vocab_size``: the text tower's embedding
     rows; a ConfigError at construction if the tokenizer's ids need more.
     """
-    from PIL import Image
-
     from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
 
     if tokenizer is not None and vocabulary:
@@ -154,12 +165,7 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
         if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
             raise ConfigError(f"{image_key!r} must be (H, W, 3) uint8; got {image.shape} "
                              f"{image.dtype}")
-        h, w = image.shape[:2]
-        scale = image_size / min(h, w)
-        size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
-        resized = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
-        top, left = (size[1] - image_size) // 2, (size[0] - image_size) // 2
-        crop = resized[top:top + image_size, left:left + image_size]
+        crop = resize_center_crop(image, image_size)
         text = example
         for key in path:
             if not isinstance(text, Mapping) or key not in text:

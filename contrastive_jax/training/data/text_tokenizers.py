@@ -1,10 +1,10 @@
-"""Text tokenizers for captions: a word vocabulary or a SentencePiece subword model.
+"""Text tokenizers for captions: a word vocabulary, a SentencePiece model, or CLIP's BPE.
 
 Every tokenizer turns texts into rows ``(n, max_tokens)`` int32 of ``<bos> tokens... <eos>``
-followed by zeros, and **id 0 is always padding**: the text transformer masks id 0 out of
-attention and out of its mean (:mod:`contrastive_jax.training.models.transformer`), so no real
-token may have id 0. ``vocab_size`` is the number of embedding rows the text tower needs
-(the largest id + 1).
+followed by zeros, and **id 0 is padding** (except ``clip_bpe``, below): the text transformer
+masks id 0 out of attention and out of its mean
+(:mod:`contrastive_jax.training.models.transformer`), so no real token may have id 0.
+``vocab_size`` is the number of embedding rows the text tower needs (the largest id + 1).
 
 Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
 
@@ -19,6 +19,14 @@ Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
   piece 0 is not ``<pad>`` (SentencePiece's default puts ``<unk>`` at 0) is loaded with every
   id shifted up by one, so 0 stays padding (``vocab_size`` = pieces + 1). ``<bos>``/``<eos>``
   are added when the model defines them.
+
+- ``"clip_bpe"``: CLIP's byte-level BPE from a merges file in the format of open_clip's
+  ``bpe_simple_vocab_16e6.txt.gz`` ([CLIP], [OpenCLIP]; the user's file, none is shipped):
+  exactly the ids of open_clip's ``tokenize`` (:mod:`contrastive_jax.training.data.clip_bpe`).
+  The exception to the rule above: id 0 is the byte ``"!"``, not padding, because the ids must
+  be the ones a pretrained CLIP text tower was trained on (its causal mask and end-of-text
+  pooling never read the padding); ``<bos>``/``<eos>`` are ``<start_of_text>`` /
+  ``<end_of_text>`` (49406 / 49407 with OpenAI's file), ``vocab_size`` = 49408.
 
 Truncation keeps ``<bos>``, the first ``max_tokens - 2`` tokens and ``<eos>`` (as CLIP cuts a
 caption at its context length and keeps the end token). Paths go through ``etils.epath``, so a
@@ -35,6 +43,7 @@ from etils import epath
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.data import captions
+from contrastive_jax.training.data.clip_bpe import ClipBpeTokenizer, read_merges
 
 BUILD_COMMAND = ("python -m contrastive_jax.training.data.build_tokenizer --dataset=NAME "
                  "--data_dir=DIR --vocab_size=V --output=PATH.model")
@@ -131,7 +140,15 @@ def _sentencepiece(path: str) -> SentencePieceTokenizer:
         raise ConfigError(f"{path} is not a SentencePiece model file ({err})") from None
 
 
-TOKENIZER_KINDS = {"words": _words, "sentencepiece": _sentencepiece}
+def _clip_bpe(path: str) -> ClipBpeTokenizer:
+    if not path:
+        raise ConfigError("data.preprocess.tokenizer.path must name a CLIP BPE merges file (the "
+                          "format of open_clip's bpe_simple_vocab_16e6.txt.gz) for kind "
+                          "'clip_bpe'")
+    return ClipBpeTokenizer(read_merges(_read(path, "clip_bpe"), path), path)
+
+
+TOKENIZER_KINDS = {"words": _words, "sentencepiece": _sentencepiece, "clip_bpe": _clip_bpe}
 
 
 def load_tokenizer(spec: Mapping[str, str]) -> Tokenizer:

@@ -12,7 +12,11 @@ reports them all (:func:`evaluate`).
 from contrastive_jax.training.evaluation.geometry import alignment, uniformity
 from contrastive_jax.training.evaluation.probes import knn_accuracy, linear_probe
 from contrastive_jax.training.evaluation.retrieval import retrieval_recall
-from contrastive_jax.training.evaluation.zero_shot import zero_shot_accuracy, zero_shot_weights
+from contrastive_jax.training.evaluation.zero_shot import (
+    zero_shot_accuracy,
+    zero_shot_topk,
+    zero_shot_weights,
+)
 
 __all__ = ["alignment", "knn_accuracy", "linear_probe", "retrieval_recall", "uniformity",
-           "zero_shot_accuracy", "zero_shot_weights"]
+           "zero_shot_accuracy", "zero_shot_topk", "zero_shot_weights"]

@@ -5,6 +5,8 @@
 - :func:`pair_embeddings`: the embeddings the loss compares for positive pairs (two augmented
   views for SimCLR/MoCo; sample and caption for dual encoders);
 - :func:`prompt_embeddings`: text-tower embeddings of every class prompt (zero-shot);
+- :func:`class_name_zero_shot`: zero-shot top-1/top-5 with class names and prompt templates
+  (``evaluation.zero_shot``) on any TFDS image dataset's split;
 - :func:`evaluate`: linear probe, kNN, alignment, uniformity, retrieval and zero-shot
   (the scores themselves: :mod:`contrastive_jax.training.evaluation`).
 
@@ -24,9 +26,13 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.mesh import global_batch
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.augmentations import two_views
-from contrastive_jax.training.data import captions, eval_iterator
+from contrastive_jax.training.data import captions, eval_dataset, eval_iterator, open_split
+from contrastive_jax.training.data import prompt_templates as prompts_of
+from contrastive_jax.training.data.pipeline import resize_center_crop, standard_preprocess
+from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
 
 
 def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
@@ -113,6 +119,131 @@ def prompt_embeddings(graphdef, state, config, modality: str) -> np.ndarray:
     return np.asarray(flat).reshape(*tokens.shape[:2], -1)
 
 
+ZERO_SHOT_FIELDS = ("class_names", "templates", "dataset", "split", "input_key", "label_key",
+                    "batch_size")
+PROMPT_CHUNK = 256  # prompts per text-tower call (one compilation for any class count)
+
+
+@functools.lru_cache(maxsize=8)
+def _sample_embedder(graphdef):
+    """The jitted ``(params, rest, x) -> embed_samples(x)`` of one model."""
+    return jax.jit(lambda params, rest, x: nnx.merge(graphdef, params, rest).embed_samples(x))
+
+
+def run_tokenizer(config) -> tuple:
+    """The run's tokenizer and token length: ``data.preprocess.tokenizer`` (or ``vocabulary``)
+    and ``max_tokens`` with the ``image_text`` preprocessing (ConfigError when its ids need
+    more than ``data.preprocess.vocab_size`` embedding rows); otherwise (captions tokenised in
+    the dataset, e.g. ``digit_captions``) the package's word vocabulary and
+    ``model.text_encoder.max_tokens``."""
+    pre = config.data.get("preprocess", {})
+    if pre.get("name", "standard") == "image_text":
+        spec = pre.get("tokenizer") or {"kind": "words", "path": pre.get("vocabulary", "")}
+        tokenizer = load_tokenizer(dict(spec))
+        check_vocab_size(tokenizer, pre.get("vocab_size"), "data.preprocess.vocab_size")
+        return tokenizer, int(pre.get("max_tokens", 32))
+    length = config.model.get("text_encoder", {}).get("max_tokens", captions.MAX_TOKENS)
+    return load_tokenizer({"kind": "words", "path": ""}), int(length)
+
+
+def class_name_prompt_embeddings(graphdef, state, config, class_names, templates) -> np.ndarray:
+    """Text-tower embeddings ``(C, T, d)`` of every ``templates[t].format(class_names[c])``,
+    tokenised by the run's tokenizer (:func:`run_tokenizer`), ``PROMPT_CHUNK`` prompts a call."""
+    tokenizer, max_tokens = run_tokenizer(config)
+    tokens = prompts_of.prompt_tokens(class_names, templates, tokenizer, max_tokens)
+    flat = tokens.reshape(-1, max_tokens)
+    n = len(flat)
+    flat = np.concatenate([flat, np.repeat(flat[:1], -n % PROMPT_CHUNK, axis=0)])
+    texts = _inference_for(graphdef, config)[2]
+    out = [np.asarray(texts(state.params, state.rest, jnp.asarray(flat[i:i + PROMPT_CHUNK])))
+           for i in range(0, len(flat), PROMPT_CHUNK)]
+    return np.concatenate(out)[:n].reshape(len(class_names), len(templates), -1)
+
+
+def _zero_shot_settings(config) -> dict:
+    zs = config.evaluation.zero_shot
+    zs = zs.to_dict() if hasattr(zs, "to_dict") else dict(zs)
+    unknown = sorted(set(zs) - set(ZERO_SHOT_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown evaluation.zero_shot fields {unknown}; valid: "
+                          f"{sorted(ZERO_SHOT_FIELDS)}")
+    size = zs.get("batch_size", 0) or config.data.eval_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"evaluation.zero_shot.batch_size must be a positive integer (0: "
+                          f"data.eval_batch_size); got {size!r}")
+    return {"dataset": zs.get("dataset") or config.data.name,
+            "split": zs.get("split") or config.data.eval_split,
+            "input_key": zs.get("input_key") or config.input_key,
+            "label_key": zs.get("label_key") or "label", "batch_size": size,
+            "class_names": zs.get("class_names", ""), "templates": zs.get("templates", "")}
+
+
+def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
+                      label_key: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sample-tower embeddings ``(n, d)`` and labels ``(n,)`` of every example of ``source``
+    (one padded pass, every process's rows gathered). Inputs as in training: with the
+    ``image_text`` preprocessing, an (H, W, 3) uint8 image is resized and centre-cropped to
+    ``data.preprocess.image_size`` and scaled to [0, 1]; otherwise the standard preprocessing
+    (uint8 images to [0, 1])."""
+    pre = config.data.get("preprocess", {})
+    size = pre.get("image_size", 224) if pre.get("name", "standard") == "image_text" else None
+    standard = standard_preprocess((input_key, label_key))
+
+    def preprocess(example, epoch: int = 0):
+        del epoch
+        missing = [k for k in (input_key, label_key) if k not in example]
+        if missing:
+            raise ConfigError(f"evaluation.zero_shot: {missing} not in the examples of the "
+                              f"zero-shot dataset (it has {sorted(example)}); change "
+                              "evaluation.zero_shot.input_key / label_key")
+        if size is not None:
+            image = np.asarray(example[input_key])
+            if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
+                raise ConfigError(f"evaluation.zero_shot: {input_key!r} must be (H, W, 3) "
+                                  f"uint8; got {image.shape} {image.dtype}")
+            example = {**example, input_key: resize_center_crop(image, size)}
+        out = standard(example)
+        return {"x": out[input_key], "label": out[label_key]}
+
+    embed = _sample_embedder(graphdef)
+    xs, ys = [], []
+    for batch in eval_dataset(source, global_batch_size=batch_size, preprocess=preprocess):
+        batch = global_batch(batch, mesh)
+        x = embed(state.params, state.rest, batch["x"])
+        x, y = _gathered((x, batch["label"]), batch["mask"])
+        xs.append(x)
+        ys.append(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
+    """Zero-shot accuracy with class names and templates (``evaluation.zero_shot``):
+    ``{"zero_shot": top-1, "zero_shot_top5": top-5}`` (top-5 with at least 5 classes).
+
+    Class ``c``'s weight is the normalised mean over templates of the normalised text
+    embeddings of ``templates[t].format(name_c)`` ([CLIP] Sec. 3.1.4); an example of
+    ``dataset[split]`` is classified by the cosine of its sample embedding with each weight
+    (:func:`contrastive_jax.training.evaluation.zero_shot.zero_shot_topk`). ConfigError for a
+    bad field, or labels outside ``[0, len(class_names))``.
+    """
+    zs = _zero_shot_settings(config)
+    templates = prompts_of.resolve_templates(zs["templates"])
+    source = open_split(zs["dataset"], zs["split"], config.data.data_dir or None)
+    names = prompts_of.resolve_class_names(
+        zs["class_names"],
+        label_names=lambda: prompts_of.tfds_label_names(source.dataset_info, zs["label_key"]))
+    x, labels = zero_shot_samples(graphdef, state, config, mesh, source, zs["input_key"],
+                                  zs["label_key"], zs["batch_size"])
+    if labels.size and (labels.min() < 0 or labels.max() >= len(names)):
+        raise ConfigError(f"{zs['dataset']}[{zs['split']}] has labels in [{labels.min()}, "
+                          f"{labels.max()}] but evaluation.zero_shot.class_names gave "
+                          f"{len(names)} names; give one name per class")
+    prompts = class_name_prompt_embeddings(graphdef, state, config, names, templates)
+    scores = evaluation.zero_shot_topk(x, labels, prompts)
+    return {"zero_shot": scores["top1"], **({"zero_shot_top5": scores["top5"]}
+                                            if "top5" in scores else {})}
+
+
 def evaluate(graphdef, state, config, mesh) -> dict:
     """The frozen model on the evaluation split (features fitted on the train split).
 
@@ -122,9 +253,15 @@ def evaluate(graphdef, state, config, mesh) -> dict:
     Recall@1/5/10 both ways (a candidate is correct when it is the pair's own, or, with
     ``evaluation.retrieval_match`` naming a batch feature, when that feature is equal) and,
     with ``evaluation.zero_shot_prompts`` set to a modality of
-    :func:`contrastive_jax.training.data.captions.class_prompts`, zero-shot accuracy.
+    :func:`contrastive_jax.training.data.captions.class_prompts`, zero-shot accuracy; or, with
+    ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
+    templates (:func:`class_name_zero_shot`).
     """
     ev = config.evaluation
+    class_names = ev.get("zero_shot", {}).get("class_names", "")
+    if ev.get("zero_shot_prompts") and class_names:
+        raise ConfigError("set evaluation.zero_shot_prompts (the digit prompts) or "
+                          "evaluation.zero_shot.class_names, not both")
     results = {}
     if ev.get("classification", True):  # needs labels
         train_x, train_y = extract_features(graphdef, state, config, mesh,
@@ -146,7 +283,9 @@ def evaluate(graphdef, state, config, mesh) -> dict:
                              "data.features, or set '' to match each pair only)")
         results.update(evaluation.retrieval_recall(pairs["x"], pairs["y"],
                                                    match_ids=pairs[match] if match else None))
-        if ev.get("zero_shot_prompts"):
+        if class_names:
+            results.update(class_name_zero_shot(graphdef, state, config, mesh))
+        elif ev.get("zero_shot_prompts"):
             prompts = prompt_embeddings(graphdef, state, config, ev.zero_shot_prompts)
             results["zero_shot"] = evaluation.zero_shot_accuracy(pairs["x"], pairs["label"],
                                                                  prompts)

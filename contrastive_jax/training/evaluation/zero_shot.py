@@ -37,3 +37,28 @@ def zero_shot_accuracy(sample_embeddings, labels, prompt_embeddings) -> float:
         raise InputError(f"labels must be ({len(x)},) ints in [0, {len(w)}); got shape "
                          f"{labels.shape}, range [{labels.min()}, {labels.max()}]")
     return float(np.mean(np.argmax(unit_rows(x) @ w.T, axis=1) == labels))
+
+
+def zero_shot_topk(sample_embeddings, labels, prompt_embeddings,
+                   ks: tuple[int, ...] = (1, 5)) -> dict[str, float]:
+    """Top-k zero-shot accuracies ``{"top1": ..., "top5": ...}`` for each ``k`` in ``ks`` with
+    ``k <= C`` (CLIP's ImageNet protocol reports top-1 and top-5, [CLIP] Sec. 3.1).
+
+    Example ``i`` counts as correct at ``k`` when fewer than ``k`` classes score strictly higher
+    than its true class ``s_ic = cos(x_i, w_c)``, ``w`` from :func:`zero_shot_weights` (ties
+    count in the example's favour; top-1 equals :func:`zero_shot_accuracy` when no two classes
+    tie). A non-finite embedding gives NaN scores, so that example is wrong at every k.
+    """
+    x = as_matrix("sample_embeddings", sample_embeddings)
+    w = zero_shot_weights(prompt_embeddings)
+    labels = np.asarray(labels)
+    if w.shape[1] != x.shape[1]:
+        raise InputError(f"sample embeddings have d={x.shape[1]}, prompts d={w.shape[1]}")
+    if labels.shape != (len(x),) or labels.min() < 0 or labels.max() >= len(w):
+        raise InputError(f"labels must be ({len(x)},) ints in [0, {len(w)}); got shape "
+                         f"{labels.shape}, range [{labels.min()}, {labels.max()}]")
+    scores = unit_rows(x) @ w.T
+    true = scores[np.arange(len(x)), labels]
+    above = np.sum(scores > true[:, None], axis=1)
+    finite = np.isfinite(scores).all(axis=1)
+    return {f"top{k}": float(np.mean((above < k) & finite)) for k in ks if k <= len(w)}
