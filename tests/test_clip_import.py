@@ -322,3 +322,13 @@ def test_mlp_width_sets_the_hidden_layer():
     assert state["sample_encoder"]["blocks"][1]["fc2"]["kernel"].shape == (20, 32)
     with pytest.raises(ConfigError, match="mlp_width must be a positive integer"):
         build_model({**config, "sample_encoder": {**vit, "mlp_width": 0}}, nnx.Rngs(0))
+
+
+def test_non_finite_pixels_give_non_finite_embeddings():
+    config, params = clip_import.convert(QUICK, **HEADS)
+    images = np.array(np.load(QUICK.with_suffix(".npz"))["images"])
+    images[1, 3, 5, 0] = np.nan
+    images[2, 0, 0, 2] = np.inf
+    x = np.asarray(model_with(config, params).embed_samples(jnp.asarray(images)))
+    assert np.all(np.isnan(x[1])) and not np.all(np.isfinite(x[2]))
+    assert np.all(np.isfinite(x[[0, 3]]))  # the other images are untouched
