@@ -11,6 +11,10 @@
     model.remat        False (default) | True: rematerialise the repeated blocks (Transformer
                        blocks, ResNet blocks, the signal CNN's and the MLP's layers; remat.py)
     model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
+
+The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP are in
+transformer.py; clip_import.py turns a CLIP checkpoint into such a ``dual_encoder`` block and its
+parameters (docs/pretrained.md).
 """
 
 from __future__ import annotations

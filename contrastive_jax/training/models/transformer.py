@@ -1,4 +1,12 @@
-"""Pre-LayerNorm Transformer encoders: a ViT for images and a text tower for tokens."""
+"""Pre-LayerNorm Transformer encoders: a ViT for images and a text tower for tokens.
+
+The defaults are this project's own towers (mean pooling, an output layer with a bias, tanh-GELU,
+LayerNorm eps 1e-6). The options express OpenAI's CLIP ([CLIP] in docs/references.md) and
+open_clip's ViT-CLIP exactly (``clip_import.py`` sets them from a checkpoint): a class token,
+``ln_pre``, pooling at the class token or (text) at the largest token id, a causal mask, exact or
+quick GELU, LayerNorm eps 1e-5, no output layer (the dual encoder's bias-free projection is
+CLIP's ``proj`` / ``text_projection``) and a patch convolution without bias.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,32 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dropout import ExampleDropout, fold_each
 from contrastive_jax.training.models.precision import cast
 from contrastive_jax.training.models.remat import checkpointed
+
+ACTIVATIONS = {
+    # Flax's default nnx.gelu: the tanh approximation (this project's towers before CLIP import)
+    "gelu_tanh": lambda x: nnx.gelu(x, approximate=True),
+    # the exact erf form, torch.nn.GELU's default (open_clip's models without quick_gelu)
+    "gelu": lambda x: nnx.gelu(x, approximate=False),
+    # x * sigmoid(1.702 x): OpenAI's CLIP checkpoints (open_clip's QuickGELU)
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+}
+
+
+def check_activation(name: str) -> str:
+    """``name`` if it is one of :data:`ACTIVATIONS`, else a :class:`ConfigError` listing them."""
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"unknown activation {name!r}; valid: {sorted(ACTIVATIONS)}")
+    return name
+
+
+def mlp_hidden(width: int, mlp_ratio: int, mlp_width: int | None) -> int:
+    """The MLP's hidden width: ``mlp_width`` when given (checkpoints whose hidden width is not a
+    whole multiple of ``width``, e.g. ViT-bigG's 8192 for 1664), else ``mlp_ratio * width``."""
+    if mlp_width is None:
+        return mlp_ratio * width
+    if not isinstance(mlp_width, int) or mlp_width < 1:
+        raise ConfigError(f"mlp_width must be a positive integer or None; got {mlp_width!r}")
+    return mlp_width
 
 
 def attention(query: jax.Array, key: jax.Array, value: jax.Array, bias=None,
@@ -34,29 +68,39 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array, bias=None,
 
 
 class Block(nnx.Module):
-    """``x + MHA(LN(x))``, then ``x + MLP(LN(x))`` (GELU, hidden ``mlp_ratio * width``).
+    """``x + MHA(LN(x))``, then ``x + fc2(act(fc1(LN(x))))`` (hidden ``mlp_ratio * width`` or
+    ``mlp_width``), as CLIP's ``ResidualAttentionBlock`` ([CLIP]).
 
-    ``dtype``: the compute dtype (:mod:`.precision`; ``None``: the parameters' own); the
-    parameters are float32 either way and LayerNorm's statistics and the softmax float32.
+    The attention has biases on q, k, v and the output (torch's ``in_proj_bias`` and
+    ``out_proj.bias``) and scales by ``1 / sqrt(width / heads)``. ``activation``: a key of
+    :data:`ACTIVATIONS`; ``layer_norm_eps``: both LayerNorms' epsilon (Flax's default 1e-6,
+    torch's 1e-5). ``dtype``: the compute dtype (:mod:`.precision`; ``None``: the parameters'
+    own); the parameters are float32 either way and LayerNorm's statistics and the softmax
+    float32.
     """
 
     def __init__(self, width: int, heads: int, mlp_ratio: int, dropout: float, *,
-                 dtype=None, rngs: nnx.Rngs):
-        self.norm1 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
+                 activation: str = "gelu_tanh", layer_norm_eps: float = 1e-6,
+                 mlp_width: int | None = None, dtype=None, rngs: nnx.Rngs):
+        if width % heads:
+            raise ConfigError(f"width {width} must be a multiple of heads {heads}")
+        hidden = mlp_hidden(width, mlp_ratio, mlp_width)
+        self.norm1 = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.attention = nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs,
                                                 keep_rngs=False, attention_fn=attention,
                                                 dtype=dtype)
-        self.norm2 = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
-        self.fc1 = nnx.Linear(width, mlp_ratio * width, dtype=dtype, rngs=rngs)
-        self.fc2 = nnx.Linear(mlp_ratio * width, width, dtype=dtype, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+        self.fc1 = nnx.Linear(width, hidden, dtype=dtype, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, width, dtype=dtype, rngs=rngs)
         self.dropout = ExampleDropout(dropout)
+        self.activation = check_activation(activation)
 
     def __call__(self, x: jax.Array, mask: jax.Array | None, *, train: bool,
                  dropout_keys: jax.Array | None) -> jax.Array:
         """``x (B, T, width)``; ``dropout_keys (B,)``: this block's per-example keys."""
         h = self.attention(self.norm1(x), mask=mask, deterministic=True)
         x = x + self.dropout(h, keys=fold_each(dropout_keys, 0), train=train)
-        h = self.fc2(nnx.gelu(self.fc1(self.norm2(x))))
+        h = self.fc2(ACTIVATIONS[self.activation](self.fc1(self.norm2(x))))
         return x + self.dropout(h, keys=fold_each(dropout_keys, 1), train=train)
 
 
@@ -73,31 +117,66 @@ def run_blocks(blocks, h: jax.Array, mask: jax.Array | None, *, train: bool,
     return h
 
 
-class ViT(nnx.Module):
-    """Vision Transformer: ``patch x patch`` patches, learned positions, mean-pooled tokens.
+def _output_layer(width: int, features: int | None, dtype, rngs: nnx.Rngs):
+    """``(Linear(width, features) or None, features of the tower)``: ``features=None`` means no
+    output layer, the tower's features are the pooled, normalised ``width`` vector (CLIP: the
+    dual encoder's bias-free projection is the checkpoint's ``proj`` / ``text_projection``)."""
+    if features is None:
+        return None, width
+    return nnx.Linear(width, features, dtype=dtype, rngs=rngs), features
 
-    Input ``(B, H, W, C)``, output ``(B, features)`` in the compute dtype. Dropout
-    (``dropout > 0`` and ``train``) needs ``dropout_keys``: one PRNG key per example
-    (:mod:`.dropout`). ``dtype``: the compute dtype (:mod:`.precision`); ``remat_policy``: each
-    block rematerialised under that policy (:mod:`.remat`; ``None``: off). Both are set from
-    ``config.model`` by :func:`~contrastive_jax.training.models.build_model`.
+
+class ViT(nnx.Module):
+    """Vision Transformer: ``patch x patch`` patches, learned positions, Transformer blocks,
+    then pooling, LayerNorm and (optionally) an output layer ([CLIP], [OpenCLIP]).
+
+    Input ``(B, H, W, C)``, output ``(B, features)`` in the compute dtype::
+
+        h = conv(x) + positions                      (B, (H/patch)^2, width)
+        h = [class_embedding; h] + positions         with class_token (positions: one more row)
+        h = norm_pre(h)                              with pre_norm (CLIP's ln_pre)
+        h = blocks(h)
+        z = mean_t norm(h_t)  (pool="mean", over the patch tokens)  or
+            norm(h_0)         (pool="token", the class token; CLIP's ln_post)
+        out(z)  (features: int)  or  z  (features=None, width features)
+
+    The defaults are this project's ViT; ``class_token=True, pre_norm=True, pool="token",
+    features=None, patch_bias=False, activation="quick_gelu" or "gelu", layer_norm_eps=1e-5``
+    is OpenAI's / open_clip's ``VisionTransformer`` (whose ``proj`` is the dual encoder's
+    ``sample_proj``). Dropout (``dropout > 0`` and ``train``) needs ``dropout_keys``: one PRNG
+    key per example (:mod:`.dropout`). ``dtype``: the compute dtype (:mod:`.precision`);
+    ``remat_policy``: each block rematerialised under that policy (:mod:`.remat`; ``None``:
+    off). Both are set from ``config.model`` by
+    :func:`~contrastive_jax.training.models.build_model`.
     """
 
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
                  depth: int = 4, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
-                 features: int = 128, dtype=None, remat_policy: str | None = None,
-                 rngs: nnx.Rngs):
+                 features: int | None = 128, class_token: bool = False, pre_norm: bool = False,
+                 pool: str = "mean", patch_bias: bool = True, activation: str = "gelu_tanh",
+                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None, dtype=None,
+                 remat_policy: str | None = None, rngs: nnx.Rngs):
         if image_size % patch:
             raise ConfigError(f"image_size {image_size} must be a multiple of patch {patch}")
+        if pool not in ("mean", "token"):
+            raise ConfigError(f"ViT pool must be 'mean' or 'token'; got {pool!r}")
+        if pool == "token" and not class_token:
+            raise ConfigError("ViT pool='token' reads the class token: set class_token=True")
         self.embed = nnx.Conv(in_channels, width, (patch, patch), strides=patch,
-                              padding="VALID", dtype=dtype, rngs=rngs)
-        tokens = (image_size // patch) ** 2
+                              padding="VALID", use_bias=patch_bias, dtype=dtype, rngs=rngs)
+        tokens = (image_size // patch) ** 2 + int(class_token)
         self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, tokens, width)))
-        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, dtype=dtype, rngs=rngs)
+        self.class_embedding = (nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, 1, width)))
+                                if class_token else None)
+        self.norm_pre = (nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+                         if pre_norm else None)
+        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, activation=activation,
+                                      layer_norm_eps=layer_norm_eps, mlp_width=mlp_width,
+                                      dtype=dtype, rngs=rngs)
                                 for _ in range(depth)])
-        self.norm = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
-        self.out = nnx.Linear(width, features, dtype=dtype, rngs=rngs)
-        self.image_size, self.in_channels, self.features = image_size, in_channels, features
+        self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+        self.out, self.features = _output_layer(width, features, dtype, rngs)
+        self.image_size, self.in_channels, self.pool = image_size, in_channels, pool
         self.remat_policy = remat_policy
 
     def __call__(self, x: jax.Array, *, train: bool,
@@ -106,31 +185,64 @@ class ViT(nnx.Module):
             raise ConfigError(f"ViT expects (batch, {self.image_size}, {self.image_size}, "
                              f"{self.in_channels}) images; got shape {x.shape}")
         h = self.embed(x)
-        h = h.reshape(h.shape[0], -1, h.shape[-1]) + self.positions[...].astype(h.dtype)
+        h = h.reshape(h.shape[0], -1, h.shape[-1])
+        if self.class_embedding is not None:
+            first = jnp.broadcast_to(self.class_embedding[...].astype(h.dtype),
+                                     (h.shape[0], 1, h.shape[-1]))
+            h = jnp.concatenate([first, h], axis=1)
+        h = h + self.positions[...].astype(h.dtype)
+        if self.norm_pre is not None:
+            h = self.norm_pre(h)
         h = run_blocks(self.blocks, h, None, train=train, dropout_keys=dropout_keys,
                        remat_policy=self.remat_policy)
-        return self.out(jnp.mean(self.norm(h), axis=1))
+        if self.pool == "token":
+            z = self.norm(h[:, 0])
+        else:  # the patch tokens' mean (open_clip's pool_type="avg" leaves the class token out)
+            z = jnp.mean(self.norm(h[:, int(self.class_embedding is not None):]), axis=1)
+        return z if self.out is None else self.out(z)
 
 
 class TextTransformer(nnx.Module):
-    """Text tower: token + position embeddings, Transformer blocks, mean over real tokens.
+    """Text tower: token + position embeddings, Transformer blocks, LayerNorm, pooling and
+    (optionally) an output layer ([CLIP]).
 
-    Input ``(B, T)`` int token ids (0 = padding, masked out of attention and the mean),
-    output ``(B, features)`` in the compute dtype. ``dtype`` and ``remat_policy`` as
-    :class:`ViT`.
+    Input ``(B, T)`` int token ids, output ``(B, features)`` in the compute dtype::
+
+        h = tokens[ids] + positions                  (B, T, width)
+        h = blocks(h)                                attention masked as below
+        z = pool(norm(h))
+        out(z)  (features: int)  or  z  (features=None, width features)
+
+    ``pool="mean"`` (default): id 0 is padding, masked out of attention and of the mean over
+    the real tokens. ``pool="argmax"``: ``z_b = norm(h)[b, argmax_t ids[b, t]]``, the position of
+    the largest id, which in CLIP's vocabulary is the end-of-text token (OpenAI's
+    ``text.argmax(dim=-1)``, open_clip's ``pool_type='argmax'``); no padding mask (id 0 is a real
+    token there, ``'!'``). ``causal=True``: token ``t`` attends to tokens ``<= t`` only (CLIP's
+    ``attn_mask``), combined with the padding mask under ``pool="mean"``. ``features=None,
+    pool="argmax", causal=True, activation="quick_gelu" or "gelu", layer_norm_eps=1e-5`` is
+    OpenAI's / open_clip's text tower (whose ``text_projection`` is the dual encoder's
+    ``text_proj``). ``dtype`` and ``remat_policy`` as :class:`ViT`.
     """
 
     def __init__(self, *, vocab_size: int, max_tokens: int, width: int = 128, depth: int = 2,
-                 heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0, features: int = 128,
-                 dtype=None, remat_policy: str | None = None, rngs: nnx.Rngs):
+                 heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
+                 features: int | None = 128, causal: bool = False, pool: str = "mean",
+                 activation: str = "gelu_tanh", layer_norm_eps: float = 1e-6,
+                 mlp_width: int | None = None, dtype=None, remat_policy: str | None = None,
+                 rngs: nnx.Rngs):
+        if pool not in ("mean", "argmax"):
+            raise ConfigError(f"TextTransformer pool must be 'mean' or 'argmax'; got {pool!r}")
         self.tokens = nnx.Embed(vocab_size, width, rngs=rngs)
         self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(),
                                                             (1, max_tokens, width)))
-        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, dtype=dtype, rngs=rngs)
+        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, activation=activation,
+                                      layer_norm_eps=layer_norm_eps, mlp_width=mlp_width,
+                                      dtype=dtype, rngs=rngs)
                                 for _ in range(depth)])
-        self.norm = nnx.LayerNorm(width, dtype=dtype, rngs=rngs)
-        self.out = nnx.Linear(width, features, dtype=dtype, rngs=rngs)
-        self.vocab_size, self.max_tokens, self.features = vocab_size, max_tokens, features
+        self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+        self.out, self.features = _output_layer(width, features, dtype, rngs)
+        self.vocab_size, self.max_tokens = vocab_size, max_tokens
+        self.causal, self.pool = causal, pool
         self.dtype, self.remat_policy = dtype, remat_policy
 
     def __call__(self, tokens: jax.Array, *, train: bool,
@@ -141,7 +253,11 @@ class TextTransformer(nnx.Module):
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ConfigError(f"token ids must be integers; got {tokens.dtype}")
         real = tokens != 0
-        mask = real[:, None, None, :]  # (B, heads, query, key): attend to real tokens only
+        mask = real[:, None, None, :] if self.pool == "mean" else None  # (B, heads, query, key)
+        if self.causal:
+            order = jnp.arange(self.max_tokens)
+            causal = (order[None, :] <= order[:, None])[None, None]  # key <= query
+            mask = causal if mask is None else mask & causal
         # the lookup in the table's own dtype (nnx.Embed casts to the dtype it was built with,
         # which would turn a float64 model's gradient sums into float32 ones)
         # (then cast to the compute dtype; no-op by default)
@@ -149,5 +265,10 @@ class TextTransformer(nnx.Module):
                  self.dtype)
         h = run_blocks(self.blocks, h, mask, train=train, dropout_keys=dropout_keys,
                        remat_policy=self.remat_policy)
-        h = self.norm(h) * real[..., None]
-        return self.out(h.sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1))
+        if self.pool == "argmax":
+            last = jnp.argmax(tokens, axis=-1)
+            z = self.norm(jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
+        else:
+            h = self.norm(h) * real[..., None]
+            z = h.sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1)
+        return z if self.out is None else self.out(z)
