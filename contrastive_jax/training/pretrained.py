@@ -71,12 +71,16 @@ def init_specs(value: Any) -> tuple[InitFrom, ...]:
     if value in ("", None) or (isinstance(value, Sequence) and not isinstance(value, str)
                                and len(value) == 0):
         return ()
+    def plain(v):  # a ConfigDict is not a Mapping
+        return v.to_dict() if hasattr(v, "to_dict") else v
+
+    value = plain(value)
     entries = (value,) if isinstance(value, Mapping) else value
     if isinstance(entries, str) or not isinstance(entries, Sequence):
         raise ConfigError(f"model.init_from must be a mapping {{'path': ..., 'source': ..., "
                           f"'target': ...}} or a tuple of them; got {value!r}")
     specs = []
-    for entry in entries:
+    for entry in map(plain, entries):
         if not isinstance(entry, Mapping):
             raise ConfigError(f"model.init_from: each entry is a mapping with keys {list(FIELDS)}"
                               f"; got {entry!r}")
