@@ -194,11 +194,23 @@ def _plain(value):
     return value
 
 
+def _dotted(block: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"text_encoder.width": 64, ...}``: a nested block's settings by dotted name."""
+    out = {}
+    for key, value in block.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
                   where: str) -> None:
     source, target = _block(source_model, spec.source), _block(target_model, spec.target)
     if source is None or target is None:
         return
+    source, target = _dotted(source), _dotted(target)
     for key in sorted(source.keys() | target.keys()):
         if source.get(key, "<absent>") != target.get(key, "<absent>"):
             raise ConfigError(
@@ -255,6 +267,8 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
     """``(params, rest, messages)``: the model's parameters and other state with the subtrees
     ``init_from`` names replaced by the stored values (host arrays), and one line per entry
     saying what was loaded from where."""
+    if hasattr(model_config, "to_dict"):  # a ConfigDict is not a Mapping
+        model_config = model_config.to_dict()
     params_by_path, rest_by_path = _flat(params, drop_value=False), _flat(rest, drop_value=False)
     loaded, loaded_rest, messages = {}, {}, []
     for spec in init_specs(init_from):
