@@ -40,6 +40,11 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS
+from contrastive_jax.training.frozen_towers import (
+    merge_frozen,
+    split_frozen,
+    with_zero_gradients,
+)
 from contrastive_jax.training.methods import Method, MethodContext
 
 
@@ -97,6 +102,7 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
 
     Returns:
       ``(loss, grads, metrics, outputs, rest, extra)``: ``grads`` shaped like ``params``;
+      zeros for the frozen parameters (``ctx.frozen``), which are not differentiated;
       ``metrics`` and ``outputs`` of :meth:`Method.objective` on the global batch; the model's
       new non-parameter state and the method's state after :meth:`Method.targets`.
     """
@@ -108,17 +114,24 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
         model = nnx.merge(graphdef, p, new_rest, copy=True)
         return method.objective(model, rows, targets, batch, new_extra, ctx)
 
+    # only the trainable parameters are differentiated: the frozen ones (ctx.frozen) enter as
+    # constants, so no backward pass is built through a frozen tower (frozen_towers)
+    trainable, fixed = split_frozen(params, ctx.frozen)
+
+    def whole(t):
+        return merge_frozen(t, fixed)
+
     if accumulation_steps == 1:
         targets, extra = method.targets(batch, keys, extra, ctx)
 
-        def loss_fn(p):
-            rows, new_rest = rows_of(p, rest, batch, keys)
-            loss, metrics, outputs = objective(p, rows, targets, new_rest, extra)
+        def loss_fn(t):
+            rows, new_rest = rows_of(whole(t), rest, batch, keys)
+            loss, metrics, outputs = objective(whole(t), rows, targets, new_rest, extra)
             return loss, (metrics, outputs, new_rest)
 
         (loss, (metrics, outputs, rest)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params)
-        return loss, grads, metrics, outputs, rest, extra
+            trainable)
+        return loss, with_zero_gradients(grads, fixed), metrics, outputs, rest, extra
 
     k, d = accumulation_steps, ctx.mesh.shape[DATA_AXIS]
     check_accumulation(keys.shape[0], k, d)
@@ -137,8 +150,8 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
 
     # pass 2: the global loss, its gradient w.r.t. the rows and the loss's own parameters
     (loss, (metrics, outputs)), (grads, row_grads) = jax.value_and_grad(
-        lambda p, r: _split_aux(objective(p, r, targets, rest, extra)), argnums=(0, 1),
-        has_aux=True)(params, rows)
+        lambda t, r: _split_aux(objective(whole(t), r, targets, rest, extra)), argnums=(0, 1),
+        has_aux=True)(trainable, rows)
 
     # pass 3: each micro-batch's forward again, its slice of dL/drows pulled back
     row_grads = jax.lax.with_sharding_constraint(to_micro_batches(row_grads, k, d), spread)
@@ -146,13 +159,14 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
     def third(carry, part):
         total, carry_rest = carry
         (part_batch, part_keys), part_grads = part
-        _, pull, carry_rest = jax.vjp(lambda p: rows_of(p, carry_rest, part_batch, part_keys),
-                                      params, has_aux=True)
+        _, pull, carry_rest = jax.vjp(
+            lambda t: rows_of(whole(t), carry_rest, part_batch, part_keys), trainable,
+            has_aux=True)
         (g,) = pull(part_grads)
         return (jax.tree.map(jnp.add, total, g), carry_rest), None
 
     (grads, rest), _ = jax.lax.scan(third, (grads, rest), (parts, row_grads))
-    return loss, grads, metrics, outputs, rest, extra
+    return loss, with_zero_gradients(grads, fixed), metrics, outputs, rest, extra
 
 
 def _split_aux(result):

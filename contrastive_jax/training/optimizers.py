@@ -11,6 +11,12 @@ The ``optimizer`` block of a config::
     temperature_lr  peak rate of the log-temperature and the SigLIP bias (0: the main rate);
                     they are never decayed
 
+Frozen parameters (``config.model.frozen``, :mod:`contrastive_jax.training.frozen_towers`) are
+labelled ``"frozen"`` in an ``optax.multi_transform`` and get ``optax.set_to_zero()``: the
+other labels' states hold ``optax.MaskedNode()`` (no array) in their place and
+``set_to_zero`` keeps no state, so the optimiser state has no entry for them, and they get no
+weight decay.
+
 Why the mask (docs/derivations.md §12.3): a normalised loss is invariant to the scale of the weights
 feeding a normalisation, so its gradient is orthogonal to them and the weight norm only grows; the
 effective step is ``lr / ||w||^2``. Weight decay on those kernels keeps the norm, hence the
@@ -23,7 +29,7 @@ adaptation.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -79,9 +85,10 @@ def schedule(peak: float, total_steps: int, warmup_steps: int,
                                               end_value=end_fraction * peak)
 
 
-def build_optimizer(config: Mapping[str, Any], total_steps: int,
-                    params) -> optax.GradientTransformation:
-    """The optimiser a config's ``optimizer`` block describes (see the module docstring)."""
+def build_optimizer(config: Mapping[str, Any], total_steps: int, params,
+                    frozen: Sequence[str] = ()) -> optax.GradientTransformation:
+    """The optimiser a config's ``optimizer`` block describes (see the module docstring);
+    ``frozen``: top-level entries of ``params`` that never change (no state, no update)."""
     unknown = sorted(set(config) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown optimizer settings {unknown}; valid: {sorted(DEFAULTS)}")
@@ -90,17 +97,25 @@ def build_optimizer(config: Mapping[str, Any], total_steps: int,
         raise ConfigError(f"unknown optimizer {c['name']!r}; valid: {list(OPTIMIZERS)}")
     lr = schedule(c["learning_rate"], total_steps, c["warmup_steps"], c["end_lr_fraction"])
     main = _main_optimizer(c, lr, decay_mask(params))
-    labels = jax.tree_util.tree_map_with_path(
-        lambda path, _: "temperature" if is_temperature(path) else "main", params)
-    if any(label == "temperature" for label in jax.tree.leaves(labels)):
-        t_lr = schedule(c["temperature_lr"] or c["learning_rate"], total_steps,
-                        c["warmup_steps"], c["end_lr_fraction"])
-        main = optax.multi_transform(
-            {"main": main, "temperature": optax.adam(t_lr, b1=c["b1"], b2=c["b2"],
-                                                     eps=c["eps"])}, labels)
+    labels = jax.tree_util.tree_map_with_path(lambda path, _: _label(path, frozen), params)
+    used = set(jax.tree.leaves(labels))
+    if used - {"main"}:
+        transforms = {"main": main, "frozen": optax.set_to_zero()}
+        if "temperature" in used:
+            t_lr = schedule(c["temperature_lr"] or c["learning_rate"], total_steps,
+                            c["warmup_steps"], c["end_lr_fraction"])
+            transforms["temperature"] = optax.adam(t_lr, b1=c["b1"], b2=c["b2"], eps=c["eps"])
+        main = optax.multi_transform({k: v for k, v in transforms.items() if k in used}, labels)
     if c["grad_clip_norm"]:
         main = optax.chain(optax.clip_by_global_norm(c["grad_clip_norm"]), main)
     return main
+
+
+def _label(path, frozen: Sequence[str]) -> str:
+    """``"frozen"`` under a frozen top-level entry, else ``"temperature"`` or ``"main"``."""
+    if leaf_names(path)[:1] and leaf_names(path)[0] in frozen:
+        return "frozen"
+    return "temperature" if is_temperature(path) else "main"
 
 
 def _main_optimizer(c, lr, mask) -> optax.GradientTransformation:

@@ -9,7 +9,8 @@
    ``config.sharding`` says (replicated, or split over ``data``: FSDP,
    :mod:`contrastive_jax.training.state_sharding`),
    restored from the latest checkpoint in ``workdir`` when there is one (with the data
-   iterator's position, so the run continues the exact stream);
+   iterator's position, so the run continues the exact stream), else initialised from
+   ``config.model.init_from`` if set (:mod:`contrastive_jax.training.pretrained`);
 2. the loop: ``state, metrics = step(state, batch)`` (one jitted pure function of the graph
    definition, the state, the batch and the step's key: :func:`train_step`; with
    ``config.accumulation_steps = K`` the global batch runs as ``K`` micro-batches with the
@@ -50,12 +51,13 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
-from contrastive_jax.training import checkpoints, json_output
+from contrastive_jax.training import checkpoints, json_output, pretrained
 from contrastive_jax.training.accumulation import check_accumulation, step_gradients
 from contrastive_jax.training.config_record import check_config, write_config
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.frozen_model import evaluate
+from contrastive_jax.training.frozen_towers import frozen_names, keep_frozen
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
 from contrastive_jax.training.preemption import StopSignal
@@ -104,6 +106,7 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     loss = jnp.where(checkpoints.all_finite(batch), loss, jnp.nan)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = clamp_log_scale(optax.apply_updates(state.params, updates), ctx.loss.max_scale)
+    params = keep_frozen(params, state.params, ctx.frozen)  # bit-identical, -0.0 included
     extra = method.after_update(extra, params, outputs, ctx)
     new = state.replace(params=params, rest=rest, opt_state=opt_state, extra=extra)
     grad_norm = optax.tree.norm(grads)
@@ -168,7 +171,7 @@ def make_context(config, mesh: Mesh, graphdef) -> MethodContext:
     return MethodContext(loss=LossSettings.from_config(config.loss), mesh=mesh,
                          input_key=config.input_key, text_key=config.get("text_key", "caption"),
                          augment=None if augment is None else augment.to_dict(),
-                         graphdef=graphdef)
+                         graphdef=graphdef, frozen=frozen_names(config.model))
 
 
 def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,
@@ -295,6 +298,10 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     config, workdir, mesh, steps, stream = (run.config, run.workdir, run.mesh, run.steps,
                                             run.stream)
     state, resumed = checkpoints.restore_latest(ckpt, state, stream)
+    loaded = []
+    if resumed is None:  # a fresh run starts from model.init_from; a resumed one from its own
+        fresh, loaded = pretrained.initialize(state, run.graphdef, config, run.method)
+        state = jax.device_put(fresh, state_shardings(config.get("sharding"), mesh, state))
     write_config(config, workdir, changed_at=resumed if config_changed else None)
     first = int(state.step)
     previous = _previous_results(workdir)
@@ -309,6 +316,8 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
                      f": {steps} steps of {config.data.batch_size}{micro} on "
                      f"{mesh.devices.size} devices ({jax.process_count()} processes)"
                      f"{_scale_settings(config)}, workdir {workdir}")
+    for line in loaded:
+        progress.message(line)
     step_fn = run.step_fn(state)
     window = MetricWindow()
     # evaluations of the steps this run resumes after, from the run(s) before it

@@ -20,9 +20,13 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contrastive_jax.training.frozen_towers import check_frozen, frozen_names
 from contrastive_jax.training.methods import Method
 from contrastive_jax.training.models import build_model
 from contrastive_jax.training.optimizers import build_optimizer
+
+# model settings about training, not the architecture (build_model does not take them)
+TRAINING_SETTINGS = ("frozen", "init_from")
 
 
 @struct.dataclass
@@ -41,10 +45,16 @@ class TrainState:
 
 def create_state(config, steps: int, method: Method
                  ) -> tuple[nnx.GraphDef, TrainState, optax.GradientTransformation]:
-    """``(graphdef, fresh state, optimiser)`` for ``config`` trained for ``steps`` steps."""
-    model = build_model(config.model, nnx.Rngs(config.seed))
+    """``(graphdef, fresh state, optimiser)`` for ``config`` trained for ``steps`` steps.
+
+    The parameters are freshly initialised (``config.model.init_from`` is applied by the
+    trainer when a run starts, :mod:`contrastive_jax.training.pretrained`); those named by
+    ``config.model.frozen`` get no optimiser state (:mod:`.frozen_towers`)."""
+    frozen = frozen_names(config.model)
+    model = build_model(_architecture(config.model), nnx.Rngs(config.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = build_optimizer(config.optimizer, steps, params)
+    check_frozen(frozen, params)
+    tx = build_optimizer(config.optimizer, steps, params, frozen)
     def zero():  # one buffer per leaf: the step donates the state, and XLA cannot donate a
         return jnp.zeros((), jnp.int32)  # buffer that backs two of its inputs
 
@@ -53,6 +63,12 @@ def create_state(config, steps: int, method: Method
                        skipped_in_a_row=zero(),
                        extra=method.init_extra(model, params, rest, config))
     return graphdef, state, tx
+
+
+def _architecture(model_config) -> dict:
+    """The ``model`` block without the settings of how it is trained (``frozen``,
+    ``init_from``): what :func:`build_model` takes."""
+    return {k: v for k, v in dict(model_config).items() if k not in TRAINING_SETTINGS}
 
 
 def replicated(mesh: Mesh, tree):

@@ -134,6 +134,8 @@ class MethodContext:
     text_key: str
     augment: Any  # a frozen augmentation config, or None
     graphdef: Any = None  # the model's graph (MoCo rebuilds its key encoder from it)
+    # model.frozen: top-level parameters that stay fixed (contrastive_jax.training.frozen_towers)
+    frozen: tuple[str, ...] = ()
 
 
 def temperature_of(model, loss: LossSettings):

@@ -1,0 +1,303 @@
+"""Starting from pretrained parameters: ``config.model.init_from``.
+
+``config.model.init_from`` is ``""`` (default: a fresh initialisation), one mapping or a tuple
+of mappings, each::
+
+    path    a converted checkpoint directory, or a workdir of this trainer
+    source  the subtree of the checkpoint's parameters to read, "a/b" ("": all of them)
+    target  the subtree of this model's parameters to fill ("": all of them)
+
+e.g. ``{"path": "runs/simclr", "source": "encoder", "target": "sample_encoder"}`` (SimCLR's
+encoder as a dual encoder's sample tower) or ``{"path": "clip_b16"}`` (a whole converted CLIP).
+The two kinds of ``path``:
+
+- a **converted checkpoint**: ``path/model.json`` (the ``model`` block that builds the
+  architecture) and ``path/params/`` (an orbax ``StandardCheckpointer`` save of
+  ``nnx.to_pure_dict`` of the model's ``nnx.Param`` state);
+- a **trainer workdir** (``path/checkpoints/<step>/state``): the latest checkpoint's
+  ``state.params`` and, for the same subtree, ``state.rest`` (BatchNorm running statistics);
+  its ``path/config.json`` records the model.
+
+The source subtree must hold exactly the target's leaves: the same relative paths and shapes;
+values are cast to the parameter's dtype only where that is exact (``np.can_cast(..., "safe")``:
+float32 into a float64 test model, never float64 into float32). Where both subtrees are blocks
+of the model configs (``"encoder"`` and ``"sample_encoder"``, or the whole model), the blocks
+must be equal too (e.g. a SimCLR encoder's ``pool = "mean"``: the same shapes with another
+pooling would be another function). Anything else is a :class:`ConfigError` naming the first
+missing, extra or mismatching leaf or setting. A target's BatchNorm statistics come from a
+workdir's ``state.rest``; a converted directory holds none, so a target with BatchNorm is an
+error there.
+
+The trainer applies ``init_from`` once, when a run starts fresh (no checkpoint in its
+workdir); a resumed run restores its own checkpoint and reads nothing from ``path``
+(:func:`contrastive_jax.training.train.train_and_evaluate`). Files are read with orbax
+through :class:`etils.epath.Path`, so ``gs://`` paths work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.state_sharding import path_name
+
+FIELDS = ("path", "source", "target")
+# model settings that do not change the function (compute dtype, rematerialisation) or are
+# about training; left out when two model blocks are compared
+NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "frozen", "init_from")
+
+
+@dataclasses.dataclass(frozen=True)
+class InitFrom:
+    """One entry of ``model.init_from`` (see the module docstring)."""
+
+    path: str
+    source: str = ""
+    target: str = ""
+
+
+def init_specs(value: Any) -> tuple[InitFrom, ...]:
+    """``model.init_from`` as checked :class:`InitFrom` entries (``""`` / absent: none)."""
+    if value in ("", None) or (isinstance(value, Sequence) and not isinstance(value, str)
+                               and len(value) == 0):
+        return ()
+    def plain(v):  # a ConfigDict is not a Mapping
+        return v.to_dict() if hasattr(v, "to_dict") else v
+
+    value = plain(value)
+    entries = (value,) if isinstance(value, Mapping) else value
+    if isinstance(entries, str) or not isinstance(entries, Sequence):
+        raise ConfigError(f"model.init_from must be a mapping {{'path': ..., 'source': ..., "
+                          f"'target': ...}} or a tuple of them; got {value!r}")
+    specs = []
+    for entry in map(plain, entries):
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"model.init_from: each entry is a mapping with keys {list(FIELDS)}"
+                              f"; got {entry!r}")
+        unknown = sorted(set(entry) - set(FIELDS))
+        if unknown:
+            raise ConfigError(f"model.init_from: unknown keys {unknown}; valid: {list(FIELDS)}")
+        if not isinstance(entry.get("path"), str | os.PathLike) or not str(entry.get("path")):
+            raise ConfigError(f"model.init_from needs a 'path' (a converted checkpoint directory "
+                              f"or a trainer workdir); got {dict(entry)!r}")
+        for key in ("source", "target"):
+            if not isinstance(entry.get(key, ""), str):
+                raise ConfigError(f"model.init_from {key!r} is a subtree path such as "
+                                  f"'encoder' or 'a/b' ('' for all); got {entry[key]!r}")
+        specs.append(InitFrom(str(entry["path"]), entry.get("source", "").strip("/"),
+                              entry.get("target", "").strip("/")))
+    return tuple(specs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """What one ``path`` holds: its kind, model block, leaves by path (``a/0/b``)."""
+
+    kind: str  # "converted" | "workdir"
+    description: str  # for messages: the path, and the step of a workdir's checkpoint
+    model: dict[str, Any]
+    params: dict[str, np.ndarray]
+    rest: dict[str, np.ndarray]
+
+
+def read(path: str | os.PathLike) -> Pretrained:
+    """The parameters (and a workdir's BatchNorm statistics) stored at ``path`` as host arrays;
+    a :class:`ConfigError` saying what ``path`` should hold otherwise."""
+    root = epath.Path(path)
+    if (root / "model.json").exists() and (root / "params").exists():
+        model = _json(root / "model.json")
+        params = _flat(_restore(root / "params"), drop_value=False)
+        return Pretrained("converted", str(root), model, params, {})
+    checkpoints = root / "checkpoints"
+    steps = sorted(int(p.name) for p in checkpoints.iterdir()
+                   if p.name.isdigit()) if checkpoints.exists() else []
+    if not steps:
+        raise ConfigError(
+            f"model.init_from path {root} is neither a converted checkpoint (model.json and "
+            "params/) nor a trainer workdir with checkpoints (checkpoints/<step>/); run the "
+            "pretraining first or fix the path")
+    step = steps[-1]
+    tree = _restore(checkpoints / str(step) / "state", keys=("params", "rest"))
+    config = root / "config.json"
+    model = _json(config).get("model", {}) if config.exists() else {}
+    return Pretrained("workdir", f"{root} (step {step})", model,
+                      _flat(tree["params"], drop_value=True),
+                      _flat(tree.get("rest", {}), drop_value=True))
+
+
+def _json(path: epath.Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"model.init_from: {path} is not valid JSON ({err})") from None
+
+
+def _restore(directory: epath.Path, keys: Sequence[str] | None = None):
+    """An orbax PyTree checkpoint as NumPy arrays (only the top-level ``keys`` if given)."""
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(directory)
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    if keys is not None:
+        tree = {k: tree[k] for k in keys if k in tree}
+    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=keys is not None))
+
+
+def _flat(tree, *, drop_value: bool) -> dict[str, np.ndarray]:
+    """``{"a/0/b": leaf}``; ``drop_value`` removes the trailing ``value`` a saved NNX variable
+    adds to its path."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        name = path_name(path)
+        if drop_value and name.endswith("/value"):
+            name = name[: -len("/value")]
+        out[name] = np.asarray(leaf)
+    return out
+
+
+def _under(leaves: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The leaves under ``prefix`` by their path relative to it (all of them for ``""``)."""
+    if not prefix:
+        return dict(leaves)
+    return {k[len(prefix) + 1:]: v for k, v in leaves.items() if k.startswith(prefix + "/")}
+
+
+def _block(model: Mapping[str, Any], subtree: str):
+    """The model config block of ``subtree`` (the whole model for ``""``), or ``None`` when
+    the subtree is not a block (a projection, the logit scale)."""
+    block = model
+    for part in filter(None, subtree.split("/")):
+        block = block.get(part) if isinstance(block, Mapping) else None
+    if not isinstance(block, Mapping):
+        return None
+    return {k: v for k, v in _plain(block).items() if k not in NOT_ARCHITECTURE}
+
+
+def _plain(value):
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _dotted(block: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"text_encoder.width": 64, ...}``: a nested block's settings by dotted name."""
+    out = {}
+    for key, value in block.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
+                  where: str) -> None:
+    source, target = _block(source_model, spec.source), _block(target_model, spec.target)
+    if source is None or target is None:
+        return
+    source, target = _dotted(source), _dotted(target)
+    for key in sorted(source.keys() | target.keys()):
+        if source.get(key, "<absent>") != target.get(key, "<absent>"):
+            raise ConfigError(
+                f"model.init_from {spec.path}: the checkpoint's model block "
+                f"{spec.source or 'model'!r} and this config's {spec.target or 'model'!r} "
+                f"differ at {key!r}: {source.get(key, '<absent>')!r} in {where} vs "
+                f"{target.get(key, '<absent>')!r} here; make the config's block equal to the "
+                "checkpoint's")
+
+
+def _mapped(spec: InitFrom, source: Mapping[str, np.ndarray], target: Mapping[str, Any],
+            what: str, origin: str) -> dict[str, np.ndarray]:
+    """``{target path: value}`` for every target leaf under ``spec.target``, from the source
+    leaves under ``spec.source``: exactly the same relative paths and shapes."""
+    want, have = _under(target, spec.target), _under(source, spec.source)
+    out = {}
+    for name in sorted(want):
+        full = f"{spec.target}/{name}" if spec.target else name
+        if name not in have:
+            raise ConfigError(
+                f"model.init_from {spec.path}: the {what} {full!r} of this model has no "
+                f"counterpart {spec.source + '/' + name if spec.source else name!r} in "
+                f"{origin}; check source/target (the checkpoint's top-level entries: "
+                f"{sorted({k.split('/')[0] for k in source})[:12]})")
+        value, leaf = have[name], want[name]
+        if tuple(value.shape) != tuple(leaf.shape):
+            raise ConfigError(
+                f"model.init_from {spec.path}: the {what} {full!r} has shape "
+                f"{tuple(leaf.shape)} here but {tuple(value.shape)} in {origin}; the "
+                "architectures differ")
+        if not np.can_cast(value.dtype, leaf.dtype, "safe"):
+            raise ConfigError(
+                f"model.init_from {spec.path}: the {what} {full!r} is {value.dtype} in "
+                f"{origin}, which {leaf.dtype} cannot hold exactly")
+        out[full] = value.astype(leaf.dtype)
+    extra = sorted(set(have) - set(want))
+    if extra:
+        raise ConfigError(
+            f"model.init_from {spec.path}: {origin} holds the {what} "
+            f"{spec.source + '/' + extra[0] if spec.source else extra[0]!r} (and "
+            f"{len(extra) - 1} more), which this model's {spec.target or 'model'!r} lacks; "
+            "the architectures differ")
+    return out
+
+
+def _replace(state: nnx.State, values: Mapping[str, np.ndarray]) -> nnx.State:
+    """``state`` with the leaves named in ``values`` replaced."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: values.get(path_name(path), leaf), state)
+
+
+def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any],
+              init_from: Any) -> tuple[nnx.State, nnx.State, list[str]]:
+    """``(params, rest, messages)``: the model's parameters and other state with the subtrees
+    ``init_from`` names replaced by the stored values (host arrays), and one line per entry
+    saying what was loaded from where."""
+    if hasattr(model_config, "to_dict"):  # a ConfigDict is not a Mapping
+        model_config = model_config.to_dict()
+    params_by_path, rest_by_path = _flat(params, drop_value=False), _flat(rest, drop_value=False)
+    loaded, loaded_rest, messages = {}, {}, []
+    for spec in init_specs(init_from):
+        stored = read(spec.path)
+        origin = f"the {stored.kind} checkpoint {stored.description}"
+        _check_blocks(spec, stored.model, model_config, origin)
+        if not _under(params_by_path, spec.target):
+            raise ConfigError(
+                f"model.init_from target {spec.target!r} is not a subtree of this model's "
+                f"parameters; its top-level entries: "
+                f"{sorted({k.split('/')[0] for k in params_by_path})}")
+        loaded.update(_mapped(spec, stored.params, params_by_path, "parameter", origin))
+        if stored.kind == "workdir" or _under(rest_by_path, spec.target):
+            loaded_rest.update(_mapped(spec, stored.rest, rest_by_path,
+                                       "non-parameter state (BatchNorm statistics)", origin))
+        messages.append(f"initialised {spec.target or 'the model'} from {origin}"
+                        f"{', ' + repr(spec.source) if spec.source else ''}")
+    return _replace(params, loaded), _replace(rest, loaded_rest), messages
+
+
+def initialize(state, graphdef, config, method) -> tuple[Any, list[str]]:
+    """A fresh train state with ``config.model.init_from`` applied (host arrays where loaded)
+    and the method's state rebuilt from the loaded model (MoCo's key encoder starts as a copy
+    of it); ``(state, messages)``. The optimiser state does not depend on parameter values
+    (zeros), so it is kept."""
+    if not init_specs(config.model.get("init_from", "")):
+        return state, []
+    params, rest, messages = load_into(state.params, state.rest, config.model,
+                                       config.model.init_from)
+    model = nnx.merge(graphdef, params, rest, copy=True)
+    extra = method.init_extra(model, params, rest, config)
+    return state.replace(params=params, rest=rest, extra=extra), messages
