@@ -22,12 +22,8 @@ def zero_shot_weights(prompt_embeddings) -> np.ndarray:
     return unit_rows(unit_rows(e).mean(axis=1))
 
 
-def zero_shot_accuracy(sample_embeddings, labels, prompt_embeddings) -> float:
-    """Accuracy of ``argmax_c cos(x_i, w_c)`` with ``w`` from :func:`zero_shot_weights`.
-
-    sample_embeddings (n, d) from the sample tower, labels (n,) ints in [0, C),
-    prompt_embeddings (C, T, d) or (C, d) from the text tower. No training on labels.
-    """
+def _checked(sample_embeddings, labels, prompt_embeddings):
+    """``(x (n, d), labels (n,), w (C, d))`` with the shapes and label range checked."""
     x = as_matrix("sample_embeddings", sample_embeddings)
     w = zero_shot_weights(prompt_embeddings)
     labels = np.asarray(labels)
@@ -36,6 +32,16 @@ def zero_shot_accuracy(sample_embeddings, labels, prompt_embeddings) -> float:
     if labels.shape != (len(x),) or labels.min() < 0 or labels.max() >= len(w):
         raise InputError(f"labels must be ({len(x)},) ints in [0, {len(w)}); got shape "
                          f"{labels.shape}, range [{labels.min()}, {labels.max()}]")
+    return x, labels, w
+
+
+def zero_shot_accuracy(sample_embeddings, labels, prompt_embeddings) -> float:
+    """Accuracy of ``argmax_c cos(x_i, w_c)`` with ``w`` from :func:`zero_shot_weights`.
+
+    sample_embeddings (n, d) from the sample tower, labels (n,) ints in [0, C),
+    prompt_embeddings (C, T, d) or (C, d) from the text tower. No training on labels.
+    """
+    x, labels, w = _checked(sample_embeddings, labels, prompt_embeddings)
     return float(np.mean(np.argmax(unit_rows(x) @ w.T, axis=1) == labels))
 
 
@@ -49,14 +55,7 @@ def zero_shot_topk(sample_embeddings, labels, prompt_embeddings,
     count in the example's favour; top-1 equals :func:`zero_shot_accuracy` when no two classes
     tie). A non-finite embedding gives NaN scores, so that example is wrong at every k.
     """
-    x = as_matrix("sample_embeddings", sample_embeddings)
-    w = zero_shot_weights(prompt_embeddings)
-    labels = np.asarray(labels)
-    if w.shape[1] != x.shape[1]:
-        raise InputError(f"sample embeddings have d={x.shape[1]}, prompts d={w.shape[1]}")
-    if labels.shape != (len(x),) or labels.min() < 0 or labels.max() >= len(w):
-        raise InputError(f"labels must be ({len(x)},) ints in [0, {len(w)}); got shape "
-                         f"{labels.shape}, range [{labels.min()}, {labels.max()}]")
+    x, labels, w = _checked(sample_embeddings, labels, prompt_embeddings)
     scores = unit_rows(x) @ w.T
     true = scores[np.arange(len(x)), labels]
     above = np.sum(scores > true[:, None], axis=1)
