@@ -33,13 +33,13 @@ import math
 import os
 import re
 import sys
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax.training.models.state_dict_files import is_torchscript, load_state_dict
 
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN / _STD), RGB, for pixels in [0, 1]
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -49,85 +49,7 @@ HEAD_WIDTH = 64
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, CLIP's
 # entries of OpenAI's TorchScript state dict that are not parameters, and a buffer
 IGNORED = ("input_resolution", "context_length", "vocab_size", "attn_mask")
-# prefixes that wrappers add to every key: DistributedDataParallel, torch.compile
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _BLOCK = re.compile(r"^(visual\.)?transformer\.resblocks\.(\d+)\.")
-
-
-def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """``{name: float32 array}`` of a CLIP checkpoint file, with wrapper prefixes (``module.``,
-    ``_orig_mod.``) and open_clip's ``text.`` prefix (CustomTextCLIP) removed.
-
-    ``.safetensors``: safetensors' NumPy reader (bfloat16 tensors through its Flax reader).
-    Anything else is read with PyTorch (an import error is a :class:`ConfigError` saying to
-    install torch or convert the file to safetensors): a TorchScript archive (OpenAI's release
-    files) by ``torch.jit.load``, else ``torch.load(weights_only=True)``, taking
-    ``["state_dict"]`` of a training checkpoint.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"checkpoint {path!r} does not exist or is not a file")
-    if path.endswith(".safetensors"):
-        tensors = _load_safetensors(path)
-    else:
-        tensors = _load_torch(path)
-    return _normalise_names(tensors)
-
-
-def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(path, framework="np") as f:
-        half = [k for k in f.keys() if f.get_slice(k).get_dtype() == "BF16"]
-        out.update({k: np.asarray(f.get_tensor(k), np.float32) for k in f.keys()
-                    if k not in half})
-    if half:  # NumPy has no bfloat16: read those through JAX
-        with safe_open(path, framework="flax") as f:
-            out.update({k: np.asarray(f.get_tensor(k), np.float32) for k in half})
-    return out
-
-
-def _is_torchscript(path: str) -> bool:
-    """OpenAI's release files are TorchScript archives (a zip with ``constants.pkl``)."""
-    if not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as archive:
-        return any(n.endswith("/constants.pkl") or n == "constants.pkl"
-                   for n in archive.namelist())
-
-
-def _load_torch(path: str) -> dict[str, np.ndarray]:
-    try:
-        import torch
-    except ImportError as err:
-        raise ConfigError(
-            f"reading {path!r} needs PyTorch (pip install torch); or convert it to a "
-            ".safetensors file where PyTorch is installed (safetensors.torch.save_file of its "
-            "state dict), which this importer reads without PyTorch") from err
-    if _is_torchscript(path):
-        state = torch.jit.load(path, map_location="cpu").state_dict()
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-            state = state["state_dict"]
-    if not isinstance(state, Mapping):
-        raise ConfigError(f"{path!r} holds a {type(state).__name__}, not a state dict")
-    return {k: v.detach().float().numpy() for k, v in state.items()
-            if isinstance(v, torch.Tensor)}
-
-
-def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out = {}
-    for name, value in tensors.items():
-        for prefix in WRAPPER_PREFIXES:
-            name = name.removeprefix(prefix)
-        name = name.removeprefix("text.")  # open_clip's CustomTextCLIP keeps its text tower there
-        value = np.asarray(value, np.float32)
-        if name == "logit_scale" and value.shape == (1,):  # open_clip's nonscalar_logit_scale
-            value = value.reshape(())
-        out[name] = value
-    return out
 
 
 def _tensor(tensors: Mapping[str, np.ndarray], name: str, ndim: int) -> np.ndarray:
@@ -365,7 +287,7 @@ def _quick_gelu_from_name(path: str) -> bool | None:
     name = os.path.basename(path).lower().replace("_", "").replace("-", "")
     if "quickgelu" in name or "openai" in name:
         return True
-    if not path.endswith(".safetensors") and os.path.isfile(path) and _is_torchscript(path):
+    if not path.endswith(".safetensors") and os.path.isfile(path) and is_torchscript(path):
         return True
     return None
 
@@ -466,16 +388,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ContrastiveJaxError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    count = sum(int(np.prod(np.shape(x))) for x in _leaves(params))
+    import jax
+
+    count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
     print(f"wrote {args.output}: {count:,} parameters ({_summary(config)})")
-
-
-def _leaves(tree):
-    if isinstance(tree, Mapping):
-        for value in tree.values():
-            yield from _leaves(value)
-    else:
-        yield tree
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""PyTorch state dicts as NumPy: ``.safetensors`` without PyTorch, ``.pt`` / ``.bin`` with it.
+
+:func:`load_state_dict` reads a checkpoint file the user already has into ``{name: float32
+array}``, the input of :mod:`~contrastive_jax.training.models.clip_import`.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from contrastive_jax.errors import ConfigError
+
+# prefixes that wrappers add to every key: DistributedDataParallel, torch.compile
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """``{name: float32 array}`` of a CLIP checkpoint file, with wrapper prefixes (``module.``,
+    ``_orig_mod.``) and open_clip's ``text.`` prefix (CustomTextCLIP) removed.
+
+    ``.safetensors``: safetensors' NumPy reader (bfloat16 tensors through its Flax reader).
+    Anything else is read with PyTorch (an import error is a :class:`ConfigError` saying to
+    install torch or convert the file to safetensors): a TorchScript archive (OpenAI's release
+    files) by ``torch.jit.load``, else ``torch.load(weights_only=True)``, taking
+    ``["state_dict"]`` of a training checkpoint.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"checkpoint {path!r} does not exist or is not a file")
+    if path.endswith(".safetensors"):
+        tensors = _load_safetensors(path)
+    else:
+        tensors = _load_torch(path)
+    return _normalise_names(tensors)
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(path, framework="np") as f:
+        half = [k for k in f.keys() if f.get_slice(k).get_dtype() == "BF16"]
+        out.update({k: np.asarray(f.get_tensor(k), np.float32) for k in f.keys()
+                    if k not in half})
+    if half:  # NumPy has no bfloat16: read those through JAX
+        with safe_open(path, framework="flax") as f:
+            out.update({k: np.asarray(f.get_tensor(k), np.float32) for k in half})
+    return out
+
+
+def is_torchscript(path: str) -> bool:
+    """OpenAI's release files are TorchScript archives (a zip with ``constants.pkl``)."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(n.endswith("/constants.pkl") or n == "constants.pkl"
+                   for n in archive.namelist())
+
+
+def _load_torch(path: str) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError as err:
+        raise ConfigError(
+            f"reading {path!r} needs PyTorch (pip install torch); or convert it to a "
+            ".safetensors file where PyTorch is installed (safetensors.torch.save_file of its "
+            "state dict), which this importer reads without PyTorch") from err
+    if is_torchscript(path):
+        state = torch.jit.load(path, map_location="cpu").state_dict()
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
+            state = state["state_dict"]
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"{path!r} holds a {type(state).__name__}, not a state dict")
+    return {k: v.detach().float().numpy() for k, v in state.items()
+            if isinstance(v, torch.Tensor)}
+
+
+def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, value in tensors.items():
+        for prefix in WRAPPER_PREFIXES:
+            name = name.removeprefix(prefix)
+        name = name.removeprefix("text.")  # open_clip's CustomTextCLIP keeps its text tower there
+        value = np.asarray(value, np.float32)
+        if name == "logit_scale" and value.shape == (1,):  # open_clip's nonscalar_logit_scale
+            value = value.reshape(())
+        out[name] = value
+    return out
