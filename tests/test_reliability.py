@@ -221,6 +221,7 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--config.data.batchsize=8"], 'unknown config key .*Did you mean "batch_size"'),
+    (["--config.model.xyzzy_setting=1"], "unknown config key xyzzy_setting"),  # no close match
     (["--config.loss.temperature=0"], "loss.temperature must be > 0"),
     (["--config.data.name=cifar10"], "not prepared .*tfds build cifar10"),
     (["--config.data.batch_size=abc"], "invalid literal for int"),
