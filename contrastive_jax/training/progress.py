@@ -14,6 +14,9 @@ On a remote workdir (``gs://``, :mod:`~contrastive_jax.training.workdir_path`) b
 through :class:`etils.epath.Path`; an object cannot be appended to, so each is kept in memory
 and uploaded whole: ``metrics.jsonl`` at every line (a resumed run first reads the lines before
 it), the TensorBoard event file whenever tensorboardX flushes (every 120 s and at the end).
+
+The trainer's status lines name a config's non-default scale settings (:func:`scale_settings`)
+and what an evaluation computes (:func:`evaluation_names`).
 """
 
 from __future__ import annotations
@@ -203,3 +206,27 @@ class Progress:
             self._tb.close()
         if self._jsonl is not None:
             self._jsonl.close()
+
+
+def evaluation_names(config) -> str:
+    """What an evaluation of ``config``'s model computes, for its status line."""
+    names = ["linear probe", "kNN", "alignment and uniformity"]
+    if config.model.get("name") == "dual_encoder":
+        names.append("retrieval")
+        if (config.evaluation.get("zero_shot_prompts")
+                or config.evaluation.get("zero_shot", {}).get("class_names")):
+            names.append("zero-shot")
+    return ", ".join(names)
+
+
+def scale_settings(config) -> str:
+    """``", state fsdp, bfloat16 compute, remat"``: the scale settings of ``config`` that are
+    not the defaults, for the start line."""
+    parts = []
+    if config.get("sharding", {}).get("params", "replicated") != "replicated":
+        parts.append(f"state {config.sharding.params}")
+    if config.model.get("dtype", "float32") != "float32":
+        parts.append(f"{config.model.dtype} compute")
+    if config.model.get("remat", False):
+        parts.append("remat")
+    return "".join(f", {p}" for p in parts)

@@ -61,7 +61,12 @@ from contrastive_jax.training.frozen_towers import frozen_names, keep_frozen
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate
 from contrastive_jax.training.preemption import StopSignal
-from contrastive_jax.training.progress import MetricWindow, Progress
+from contrastive_jax.training.progress import (
+    MetricWindow,
+    Progress,
+    evaluation_names,
+    scale_settings,
+)
 from contrastive_jax.training.state_sharding import state_shardings
 from contrastive_jax.training.train_state import TrainState, create_state, params_digest
 from contrastive_jax.training.workdir_lock import workdir_lock
@@ -122,29 +127,6 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     if learning_rate is not None:
         metrics["learning_rate"] = learning_rate(state.step)
     return new, metrics
-
-
-def _evaluation_names(config) -> str:
-    """What an evaluation computes, for its status line."""
-    names = ["linear probe", "kNN", "alignment and uniformity"]
-    if config.model.get("name") == "dual_encoder":
-        names.append("retrieval")
-        if (config.evaluation.get("zero_shot_prompts")
-                or config.evaluation.get("zero_shot", {}).get("class_names")):
-            names.append("zero-shot")
-    return ", ".join(names)
-
-
-def _scale_settings(config) -> str:
-    """``", state fsdp, bfloat16 compute, remat"``: the settings that are not the defaults."""
-    parts = []
-    if config.get("sharding", {}).get("params", "replicated") != "replicated":
-        parts.append(f"state {config.sharding.params}")
-    if config.model.get("dtype", "float32") != "float32":
-        parts.append(f"{config.model.dtype} compute")
-    if config.model.get("remat", False):
-        parts.append("remat")
-    return "".join(f", {p}" for p in parts)
 
 
 def _previous_results(workdir: epath.Path) -> dict[str, Any]:
@@ -315,7 +297,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     progress.message(f"{'resumed from step ' + str(resumed) if resumed is not None else 'start'}"
                      f": {steps} steps of {config.data.batch_size}{micro} on "
                      f"{mesh.devices.size} devices ({jax.process_count()} processes)"
-                     f"{_scale_settings(config)}, workdir {workdir}")
+                     f"{scale_settings(config)}, workdir {workdir}")
     for line in loaded:
         progress.message(line)
     step_fn = run.step_fn(state)
@@ -354,7 +336,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
             every = config.evaluation.every if config.evaluation.enabled else 0
             if every and step % every == 0 and step != steps:
                 eval_start = time.perf_counter()
-                progress.message(f"evaluating at step {step}: {_evaluation_names(config)}...")
+                progress.message(f"evaluating at step {step}: {evaluation_names(config)}...")
                 result = {"step": step, "wall_s": round(eval_start - run.start, 2),
                           "train_s": round(eval_start - train_start - eval_time, 2),
                           **evaluate(run.graphdef, state, config, mesh)}
@@ -380,7 +362,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     ckpt.wait_until_finished()
     train_time = time.perf_counter() - train_start - eval_time
     if config.evaluation.enabled:
-        progress.message(f"final evaluation: {_evaluation_names(config)}...")
+        progress.message(f"final evaluation: {evaluation_names(config)}...")
     final = evaluate(run.graphdef, state, config, mesh) if config.evaluation.enabled else {}
     history.append({"step": steps, "wall_s": round(time.perf_counter() - run.start, 2),
                     "train_s": round(train_time, 2), **final})
