@@ -1,0 +1,36 @@
+"""A workdir written by an earlier release resumes: checkpoints outlive a change of layout.
+
+``fixtures/workdir_v0_2_moco`` holds step 2 of a 4-step MoCo run (``config.json`` and
+``checkpoints/2``: parameters, AdamW moments, BatchNorm statistics, the key encoder, the queue,
+the data iterator) written before the package was rearranged into its current folders
+(``expected.json`` says which commit and command). Resumed by today's command line, the run
+must end with the same parameters, bit for bit, as the uninterrupted run did then.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "workdir_v0_2_moco"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_a_workdir_from_the_previous_layout_resumes_bit_identical(tmp_path):
+    expected = json.loads((FIXTURE / "expected.json").read_text())
+    workdir = tmp_path / "run"
+    shutil.copytree(FIXTURE, workdir, ignore=shutil.ignore_patterns("expected.json"))
+    command = [sys.executable, "-m", "contrastive_jax.main",
+               "--config=configs/moco_mnist1d.py:quick", f"--workdir={workdir}",
+               "--config.total_steps=4", "--config.checkpoint_every=2",
+               "--config.evaluation.enabled=False"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as written
+    out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "resumed from step 2" in out.stdout + out.stderr
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["resumed_from"] == 2 and results["steps"] == expected["steps"]
+    assert results["params_sha256"] == expected["params_sha256"]
