@@ -11,14 +11,14 @@ under ``jit`` on a ``data`` mesh of ``--devices`` CPU devices, and reports:
   machine's cores, so this is the time of the whole D-device step, not of one device.
 - per-device memory from the compiled SPMD program (``memory_analysis``): XLA scratch, and
   scratch + arguments + outputs (the device's shards of x, y and their gradients); the ring's
-  bound (:func:`contrastive_jax.losses.traffic.ring_memory_bound`): a few copies of the
+  bound (:func:`traffic.ring_memory_bound`): a few copies of the
   device's ``(N/D) d`` rows plus a few (b, b) tiles.
 - bytes each device receives per step: from the formula (below), and counted from the compiled
   HLO: every all-gather, reduce-scatter and collective-permute, times the trip counts of the
   loops it sits in (XLA's ``known_trip_count``), at ``(D - 1) / D`` of the gathered or
   reduced array for the first two.
 
-The formula and the HLO count are :mod:`contrastive_jax.losses.traffic`. A second table
+The formula and the HLO count are :mod:`traffic` (``benchmarks/traffic.py``). A second table
 compiles the ring at fixed rows per device (``--flat-rows``) on ``--flat-devices`` devices: its
 per-device scratch should not grow with D.
 
@@ -63,8 +63,8 @@ def flat_memory(loss: str, rows_per_device: int, d: int, block: int, devices: in
     import jax
     import jax.numpy as jnp
 
-    from contrastive_jax.losses.traffic import ring_memory_bound
     from contrastive_jax.mesh import make_mesh
+    from traffic import ring_memory_bound
 
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     fn, third = loss_fn(loss, "ring", mesh, block)
@@ -82,8 +82,8 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
     import jax.numpy as jnp
     import numpy as np
 
-    from contrastive_jax.losses.traffic import collective_bytes, expected_bytes, ring_memory_bound
     from contrastive_jax.mesh import make_mesh
+    from traffic import collective_bytes, expected_bytes, ring_memory_bound
 
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     rows = n_total // 2 if loss == "nt_xent" else n_total  # NT-Xent: N = 2 x pairs rows in S

@@ -7,6 +7,8 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The experiment scripts import their helpers as ``common`` (experiments/common/).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
+# The benchmarks' measurement tools (benchmarks/traffic.py) are imported by their module name.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import jax
 import pytest

@@ -14,12 +14,8 @@ from contrastive_jax.losses.sharded import (
     sharded_nt_xent,
     sharded_siglip_loss,
 )
-from contrastive_jax.losses.traffic import (
-    collective_bytes,
-    expected_bytes,
-    ring_memory_bound,
-)
 from contrastive_jax.mesh import check_divisible, make_mesh
+from traffic import collective_bytes, expected_bytes, ring_memory_bound
 
 EXACT = ("all_gather", "ring")
 N, D_IN, D = 24, 6, 8  # 24 rows: 12, 6 and 3 per device on 2, 4 and 8 devices
@@ -244,7 +240,7 @@ def test_communication_formula_matches_the_compiled_collectives(loss, direction)
 @pytest.mark.parametrize("loss", ["clip", "nt_xent", "siglip"])
 def test_ring_memory_is_per_device_share_not_global(loss):
     # Per device, in floats: the ring's scratch holds a few copies of the device's share of the
-    # rows and of the chunk in flight (ring_memory_bound in contrastive_jax.losses.traffic),
+    # rows and of the chunk in flight (ring_memory_bound in benchmarks/traffic.py),
     # whatever N; the gather's holds all N rows of every gathered input: O(N d).
     devices, d, block = 4, 64, 32
     for rows in (512, 2048):

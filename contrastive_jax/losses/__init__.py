@@ -13,7 +13,7 @@ from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
 from contrastive_jax.losses.nt_xent import nt_xent
 from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",

@@ -13,8 +13,8 @@ from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
-from contrastive_jax.losses.transport import Transport
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
+from contrastive_jax.losses.tiling.row_exchange import RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
@@ -53,9 +53,9 @@ def clip_loss(
         side.
       impl: ``"tiled"`` (default: never builds the N x N logits; online log-sum-exp over
         (block, block) tiles forward, tiles recomputed backward; memory O(N d + block^2); see
-        :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (the same hand-written backward
-        pass, docs/derivations.md §8.4, on a single N x N tile: dense memory, a reference for
-        the tiling) or ``"autodiff"`` (reverse mode through the dense forward). All three
+        :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"analytic"`` (the same hand-written
+        backward pass, docs/derivations.md §8.4, on a single N x N tile: dense memory, a reference
+        for the tiling) or ``"autodiff"`` (reverse mode through the dense forward). All three
         agree to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
         ``jax.vjp``); use ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The
         default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
@@ -111,7 +111,7 @@ def clip_loss(
         return _clip_forward(x, y, log_scale, float(max_scale), direction, positive_ids)
     ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
-    setup = Setup("clip", Transport(), n if impl == "analytic" else block_size, w_row, w_col,
+    setup = Setup("clip", RowExchange(), n if impl == "analytic" else block_size, w_row, w_col,
                   float(max_scale), by_id=positive_ids is not None)
     return infonce_tiled_jit(x, y, log_scale, ids, setup)
 

@@ -10,8 +10,8 @@ from contrastive_jax.errors import InputError
 from contrastive_jax.losses.info_nce import row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
-from contrastive_jax.losses.transport import Transport
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
+from contrastive_jax.losses.tiling.row_exchange import RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
@@ -45,8 +45,8 @@ def nt_xent(
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
       impl: ``"tiled"`` (default; never builds the 2N x 2N matrix; visits only the tiles on and
         above the diagonal of the symmetric similarity, the two views kept apart; memory
-        O(N d + block^2); see :mod:`contrastive_jax.losses.tiled`), ``"analytic"`` (the same
-        hand-written backward, docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat /
+        O(N d + block^2); see :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"analytic"`` (the
+        same hand-written backward, docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat /
         tau``, on whole-view tiles: dense memory) or ``"autodiff"`` (the only one that composes
         with forward-mode transforms).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
@@ -102,7 +102,7 @@ def nt_xent(
         return _nt_xent_forward(jnp.concatenate([z1, z2], axis=0), temperature, normalize,
                                 positive_ids)
     ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
-    setup = Setup("nt_xent", Transport(), n if impl == "analytic" else block_size,
+    setup = Setup("nt_xent", RowExchange(), n if impl == "analytic" else block_size,
                   by_id=positive_ids is not None)
     return infonce_tiled_jit(z1, z2, temperature, ids, setup)
 

@@ -10,8 +10,8 @@ part of the objective (docs/derivations.md §14.6), so each choice is a named ``
     normalisation Jacobian of docs/derivations.md §2.2 is applied at home) and each device computes
     the
     *local loss*: its own anchors against all ``N`` candidates, tiled in (b, b) blocks as in
-    :mod:`contrastive_jax.losses.tiled`. For CLIP one pass gives both directions: the tiles
-    ``s x_l y_k^T`` of this device's ``x`` rows against every ``y`` chunk yield its rows'
+    :mod:`contrastive_jax.losses.tiling.custom_vjps`. For CLIP one pass gives both directions:
+    the tiles ``s x_l y_k^T`` of this device's ``x`` rows against every ``y`` chunk yield its rows'
     statistics and its share of every ``y`` column's, and a log-sum-exp all-reduce of those
     O(N) column shares completes each column (so only ``y`` is gathered, and each logit is
     computed once on one device, as on a single device). A ``psum`` of the local sums is exactly
@@ -36,12 +36,13 @@ part of the objective (docs/derivations.md §14.6), so each choice is a named ``
     chunk round again with its gradient accumulator riding along, and one last hop brings the
     accumulator home. Per-device memory O(n d) plus the chunk in flight, never O(N d).
 
-All strategies run the tiled engine of :mod:`contrastive_jax.losses.tiled` (the same passes as
-on one device; how the rows arrive is a :class:`~contrastive_jax.losses.transport.Transport`)
-inside a ``jax.custom_vjp`` that owns its collectives, so gradients are exact under ``jit`` and
-``shard_map`` (``check_vma=True``), with the logit scale replicated as in a train step. NT-Xent's
-similarity is symmetric, so the exact strategies meet each pair of devices once (half the
-tiles). SigLIP's per-pair terms need no statistics: one pass per pair of devices' rows.
+All strategies run the tiled engine of :mod:`contrastive_jax.losses.tiling.custom_vjps` (the same
+loops as on one device; how the rows arrive is a
+:class:`~contrastive_jax.losses.tiling.row_exchange.RowExchange`) inside a ``jax.custom_vjp`` that
+owns its collectives, so gradients are exact under ``jit`` and ``shard_map`` (``check_vma=True``),
+with the logit scale replicated as in a train step. NT-Xent's similarity is symmetric, so the exact
+strategies meet each pair of devices once (half the tiles). SigLIP's per-pair terms need no
+statistics: one pass per pair of devices' rows.
 
 Positives by id: every loss takes optional integer ``positive_ids`` (the global batch's, split
 over the mesh like the rows); equal ids are positives (docs/derivations.md §5).
@@ -61,14 +62,14 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import InputError
 from contrastive_jax.losses.clip import DIRECTION_WEIGHTS
-from contrastive_jax.losses.tiled import (
+from contrastive_jax.losses.tiling.custom_vjps import (
     DEFAULT_BLOCK_SIZE,
     Setup,
     default_ids,
     infonce_tiled,
     sigmoid_tiled,
 )
-from contrastive_jax.losses.transport import STRATEGIES, Transport
+from contrastive_jax.losses.tiling.row_exchange import STRATEGIES, RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
@@ -90,15 +91,15 @@ __all__ = ["STRATEGIES", "clip_loss_shard", "nt_xent_shard", "sharded_clip_loss"
 
 
 def _prepare(x, y, ids, axis_name, axis_size, strategy, block_size):
-    """Cast to the compute dtype; the transport, the block, and the ids (default: global row
+    """Cast to the compute dtype; the exchange, the block, and the ids (default: global row
     indices)."""
     check_choice("strategy", strategy, STRATEGIES)
     block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(x, y)
-    transport = Transport(strategy, axis_name, axis_size)
+    exchange = RowExchange(strategy, axis_name, axis_size)
     n = jnp.shape(x)[0]
-    ids = default_ids(n, transport) if ids is None else jnp.asarray(ids)
-    return jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype), ids, transport, block
+    ids = default_ids(n, exchange) if ids is None else jnp.asarray(ids)
+    return jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype), ids, exchange, block
 
 
 def clip_loss_shard(
@@ -122,10 +123,10 @@ def clip_loss_shard(
     ``axis_name``; ``positive_ids`` this device's (n,) ids.
     """
     check_choice("direction", direction, tuple(DIRECTION_WEIGHTS))
-    x, y, ids, transport, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
+    x, y, ids, exchange, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
                                            block_size)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
-    setup = Setup("clip", transport, block, w_row, w_col, float(max_scale),
+    setup = Setup("clip", exchange, block, w_row, w_col, float(max_scale),
                   by_id=positive_ids is not None)
     return infonce_tiled(x, y, jnp.asarray(log_scale).astype(x.dtype), ids, setup)
 
@@ -147,9 +148,9 @@ def nt_xent_shard(
     :func:`contrastive_jax.losses.nt_xent` on the concatenated views; every other of the
     ``2N - 2`` views is a negative (docs/derivations.md §9.1, §14.6).
     """
-    z1, z2, ids, transport, block = _prepare(z1, z2, positive_ids, axis_name, axis_size,
+    z1, z2, ids, exchange, block = _prepare(z1, z2, positive_ids, axis_name, axis_size,
                                              strategy, block_size)
-    setup = Setup("nt_xent", transport, block, by_id=positive_ids is not None)
+    setup = Setup("nt_xent", exchange, block, by_id=positive_ids is not None)
     return infonce_tiled(z1, z2, jnp.asarray(temperature).astype(z1.dtype), ids, setup)
 
 
@@ -171,9 +172,9 @@ def siglip_loss_shard(
     if strategy == "all_gather_no_grad":
         raise InputError("SigLIP has no anchors whose terms a device could keep alone; use "
                          "strategy 'all_gather' or 'ring'")
-    x, y, ids, transport, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
+    x, y, ids, exchange, block = _prepare(x, y, positive_ids, axis_name, axis_size, strategy,
                                            block_size)
-    setup = Setup("siglip", transport, block, max_scale=float(max_scale),
+    setup = Setup("siglip", exchange, block, max_scale=float(max_scale),
                   by_id=positive_ids is not None)
     return sigmoid_tiled(x, y, jnp.asarray(log_scale).astype(x.dtype),
                          jnp.asarray(bias).astype(x.dtype), ids, setup)

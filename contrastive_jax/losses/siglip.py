@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiled import DEFAULT_BLOCK_SIZE, Setup, sigmoid_tiled_jit
-from contrastive_jax.losses.transport import Transport
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, sigmoid_tiled_jit
+from contrastive_jax.losses.tiling.row_exchange import RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
     check_choice,
@@ -81,7 +81,7 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
     if impl == "tiled":
         ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(
             positive_ids)
-        setup = Setup("siglip", Transport(), block_size, max_scale=float(max_scale),
+        setup = Setup("siglip", RowExchange(), block_size, max_scale=float(max_scale),
                       by_id=positive_ids is not None)
         return sigmoid_tiled_jit(x, y, log_scale, bias, ids, setup)
     scale = logit_scale(log_scale, float(max_scale))

@@ -1,8 +1,8 @@
-"""Passes over the tiles of two chunks: the forward statistics and the backward gradients.
+"""Loops over the tile pairs of two chunks: the forward statistics and the backward gradients.
 
 A pass meets the rows of the chunks ``R`` with the rows of the chunks ``C`` (tuples of chunks
 of equal length: CLIP's ``x`` against ``y``, NT-Xent's two views against two views) in
-``(b, b)`` tiles (:mod:`contrastive_jax.losses.tile_math`), in one ``lax.fori_loop`` over all
+``(b, b)`` tiles (:mod:`contrastive_jax.losses.tiling.tile`), in one ``lax.fori_loop`` over all
 the tiles of all the pairs of chunks, recomputing each tile and keeping only per-row state:
 O(n d) memory for the chunks and their gradients, O(b^2 + b d) per tile, no (n, n) array
 (docs/derivations.md §13). One loop (not one per pair of chunks) keeps a single tile live.
@@ -13,7 +13,8 @@ O(n d) memory for the chunks and their gradients, O(b^2 + b d) per tile, no (n, 
   accumulates ``Gamma C_hat`` into ``R``'s gradient, ``Gamma^T R_hat`` into ``C``'s, and
   ``sum Gamma * C`` (``dL/ds``); four matmuls per tile in all with the forward's one;
 - :func:`sigmoid_pass` does SigLIP's per-pair terms, value and gradient in one pass;
-- :func:`finish` takes an accumulated gradient through the normalisation (§2.2), in place.
+- :func:`l2_normalize_vjp_blockwise` takes an accumulated gradient through the normalisation
+  (§2.2), in place.
 
 ``C=None`` meets ``R`` with itself (NT-Xent): the similarity is symmetric, so only the tiles
 ``(i, r) <= (j, c)`` (chunk, block) are visited; a tile serves its row block through its rows
@@ -30,7 +31,7 @@ from jax import lax
 
 from contrastive_jax.losses.normalize import l2_normalize_vjp
 from contrastive_jax.losses.similarity import MATMUL_PRECISION
-from contrastive_jax.losses.tile_math import (
+from contrastive_jax.losses.tiling.tile import (
     Chunk,
     Stats,
     Weights,
@@ -39,13 +40,13 @@ from contrastive_jax.losses.tile_math import (
     infonce_tile_grad,
     masks,
     merge_stats,
-    put,
-    read,
-    select,
+    read_block,
+    select_part,
     sigmoid_tile,
-    take,
+    slice_rows,
     tile_stats,
     varying_like,
+    write_rows,
 )
 
 Array = jax.Array
@@ -87,8 +88,8 @@ def _loop(R: Chunks, C: Chunks | None, block: int, body, carry, positives=True):
         def step(t, carry):
             i, r = jnp.divmod(rows[t], plan.count)
             j, c = jnp.divmod(cols[t], plan.count)
-            r_hat, r_ids = read(R, plan, i, r)
-            c_hat, c_ids = read(C, plan, j, c)
+            r_hat, r_ids = read_block(R, plan, i, r)
+            c_hat, c_ids = read_block(C, plan, j, c)
             pos, neg = masks(plan, r, c, r_ids, c_ids, symmetric and (i == j))
             tile = _Tile(r_hat=r_hat, c_hat=c_hat, cos=cosines(r_hat, c_hat), pos=pos, neg=neg,
                          i=i, j=j, r0=plan.start(r), c0=plan.start(c), block=plan.block,
@@ -108,10 +109,10 @@ def _update(parts: tuple, k: Array, start: Array, size: int, fn) -> tuple:
     itself (so XLA never copies one part to order it against another)."""
     out = []
     for index, part in enumerate(parts):
-        current = take(part, start, size)
+        current = slice_rows(part, start, size)
         new = jax.tree.map(lambda a, b, index=index: jnp.where(k == index, a, b), fn(current),
                            current)
-        out.append(put(part, new, start))
+        out.append(write_rows(part, new, start))
     return tuple(out)
 
 
@@ -119,7 +120,7 @@ def stats_pass(R: Chunks, C: Chunks | None, scale: Array, block: int, *,
                row_stats: tuple[Stats, ...] | None, col_stats: tuple[Stats, ...] | None,
                positives: bool = True) -> tuple:
     """Fold the tiles of ``R`` x ``C`` into ``row_stats`` (``R``'s anchors) and ``col_stats``
-    (``C``'s anchors), one :class:`~contrastive_jax.losses.tile_math.Stats` per chunk;
+    (``C``'s anchors), one :class:`~contrastive_jax.losses.tiling.tile.Stats` per chunk;
     ``None`` skips a side. ``C=None``: ``R`` against itself, its columns being its own anchors
     (``col_stats`` unused). ``positives`` (static; a bool or a function of the two chunks'
     indices): whether a pair of chunks can hold a positive; where not, a pass over each tile
@@ -169,13 +170,14 @@ def grad_pass(R: Chunks, C: Chunks | None, scale: Array, block: int, *,
     def body(tile, carry, positives):
         g_r, g_c, total = carry
         logits = scale * tile.cos
-        rw = None if row_w is None else take(select(row_w, tile.i), tile.r0, tile.block)
+        rw = None if row_w is None else slice_rows(select_part(row_w, tile.i), tile.r0, tile.block)
         if symmetric:  # the columns' anchors are the rows', but not on a diagonal tile
-            cw = take(select(row_w, tile.j), tile.c0, tile.block)
+            cw = slice_rows(select_part(row_w, tile.j), tile.c0, tile.block)
             off = tile.off_diagonal
             cw = cw._replace(neg_w=cw.neg_w * off, pos_w=cw.pos_w * off)
         else:
-            cw = None if col_w is None else take(select(col_w, tile.j), tile.c0, tile.block)
+            cw = None if col_w is None else slice_rows(select_part(col_w, tile.j), tile.c0,
+                                                       tile.block)
         gamma, part = infonce_tile_grad(tile.cos, logits, tile.pos, tile.neg, rw, cw, positives)
         g_r = _update(g_r, tile.i, tile.r0, tile.block, _adder(_matmul(gamma, tile.c_hat)))
         if symmetric:
@@ -211,7 +213,7 @@ def sigmoid_pass(R: Chunks, C: Chunks, scale: Array, bias: Array, block: int, co
     return _loop(R, C, block, body, (zero, g_r, g_c, zero, zero))
 
 
-def finish(chunk: Chunk, g: Array, scale: Array, block: int) -> Array:
+def l2_normalize_vjp_blockwise(chunk: Chunk, g: Array, scale: Array, block: int) -> Array:
     """``l2_normalize_vjp(x, scale * g)`` block by block, in place (each row once)."""
     plan = blocks(chunk.x.shape[0], block)
 

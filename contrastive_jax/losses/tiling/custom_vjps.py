@@ -1,10 +1,11 @@
-"""The tiled losses, on one device or over a mesh: ``jax.custom_vjp`` s that own their passes.
+"""The tiled losses' ``jax.custom_vjp`` s, on one device or over a mesh: InfoNCE family, SigLIP.
 
 One engine for every tiled loss (docs/derivations.md §13, §14): this device's rows meet the
 rows of its own chunk in place, and every other device's through a
-:class:`~contrastive_jax.losses.transport.Transport` (none on one device; a gather or a ring on
-a mesh), in :mod:`~contrastive_jax.losses.passes` over :mod:`~contrastive_jax.losses.tile_math`
-tiles. The single-device loss is the one-device case of the sharded one.
+:class:`~contrastive_jax.losses.tiling.row_exchange.RowExchange` (none on one device; a gather or
+a ring on a mesh), in the loops of :mod:`~contrastive_jax.losses.tiling.tile_loops` over the
+tiles of :mod:`~contrastive_jax.losses.tiling.tile`. The single-device loss is the one-device
+case of the sharded one.
 
 - :func:`infonce_tiled`: CLIP (``x`` against ``y``, both directions from one tile per pair,
   the columns' statistics riding with ``y``) and NT-Xent (the views ``z1``, ``z2`` against
@@ -27,21 +28,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from contrastive_jax.losses.passes import (
-    finish,
+from contrastive_jax.losses.temperature import clip_active, logit_scale
+from contrastive_jax.losses.tiling.row_exchange import RowExchange, meet_payloads
+from contrastive_jax.losses.tiling.tile import (
+    Chunk,
+    anchor_losses_from_stats,
+    empty_stats,
+    merge_stats,
+    weights,
+)
+from contrastive_jax.losses.tiling.tile_loops import (
     grad_pass,
+    l2_normalize_vjp_blockwise,
     sigmoid_pass,
     stats_pass,
 )
-from contrastive_jax.losses.temperature import clip_active, logit_scale
-from contrastive_jax.losses.tile_math import (
-    Chunk,
-    empty_stats,
-    merge_stats,
-    row_losses,
-    weights,
-)
-from contrastive_jax.losses.transport import Transport, gathered, visit
 
 Array = jax.Array
 
@@ -52,12 +53,12 @@ DEFAULT_BLOCK_SIZE = 1024
 
 
 class Setup(NamedTuple):
-    """Static settings: the loss (``"clip"``, ``"nt_xent"`` or ``"siglip"``), the transport,
+    """Static settings: the loss (``"clip"``, ``"nt_xent"`` or ``"siglip"``), the exchange,
     the block size, CLIP's direction weights, ``max_scale``, and whether the ids are the
     caller's (positives anywhere) or the default (positives only in a device's own chunk)."""
 
     kind: str
-    transport: Transport
+    exchange: RowExchange
     block: int
     w_row: float = 0.5
     w_col: float = 0.5
@@ -65,9 +66,9 @@ class Setup(NamedTuple):
     by_id: bool = False  # positives from the caller's ids (anywhere), not the default (local)
 
 
-def default_ids(n: int, tr: Transport) -> Array:
+def default_ids(n: int, exchange: RowExchange) -> Array:
     """Global row indices of this device's ``n`` rows: the default positives."""
-    offset = lax.axis_index(tr.axis_name) * n if tr.sharded else 0
+    offset = lax.axis_index(exchange.axis_name) * n if exchange.sharded else 0
     return offset + jnp.arange(n, dtype=jnp.int32)
 
 
@@ -83,7 +84,7 @@ def _scale(third: Array, setup: Setup) -> Array:
 
 
 def _total(x: Array, setup: Setup) -> int:
-    return x.shape[0] * setup.transport.size
+    return x.shape[0] * setup.exchange.size
 
 
 # ------------------------------------------------------------------------ InfoNCE family
@@ -98,17 +99,17 @@ def infonce_tiled(x: Array, y: Array, third: Array, ids: Array, setup: Setup) ->
 
 def _clip_stats(X: Chunk, Y: Chunk, scale, setup: Setup):
     """Per-anchor statistics of this device's ``x`` rows (x -> y) and ``y`` rows (y -> x)."""
-    tr, w_row, w_col = setup.transport, setup.w_row, setup.w_col
+    exchange, w_row, w_col = setup.exchange, setup.w_row, setup.w_col
     empty = (empty_stats(X.x.shape[0], X.x.dtype),)
-    if tr.strategy == "all_gather_no_grad":  # each direction on its own: anchors vs all rows
-        stream = Transport("all_gather", tr.axis_name, tr.size)
+    if exchange.strategy == "all_gather_no_grad":  # each direction on its own: anchors vs all rows
+        stream = RowExchange("all_gather", exchange.axis_name, exchange.size)
 
         def anchors_against(A, C):
             def body(Ck, acc, rs, own):
                 rs, _ = stats_pass((A,), (Ck,), scale, setup.block, row_stats=rs,
                                    col_stats=None, positives=own or setup.by_id)
                 return acc, rs
-            return visit(stream, C, None, body, empty)[0][0]
+            return meet_payloads(stream, C, None, body, empty)[0][0]
 
         return (anchors_against(X, Y) if w_row else None,
                 anchors_against(Y, X) if w_col else None)
@@ -118,7 +119,8 @@ def _clip_stats(X: Chunk, Y: Chunk, scale, setup: Setup):
                              positives=own or setup.by_id)
         return acc, rs
 
-    rows, cols = visit(tr, Y, empty if w_col else None, body, empty if w_row else None)
+    rows, cols = meet_payloads(exchange, Y, empty if w_col else None, body,
+                               empty if w_row else None)
     return (None if rows is None else rows[0]), (None if cols is None else cols[0])
 
 
@@ -127,7 +129,7 @@ def _local_positives(setup: Setup):
     and the other (an example's two views); with the caller's ids, any. On a mesh the own views
     are a small share of the work, and one loop for them (not one per answer) holds less
     memory when they are a single tile each."""
-    return True if setup.by_id or setup.transport.sharded else (lambda i, j: i != j)
+    return True if setup.by_id or setup.exchange.sharded else (lambda i, j: i != j)
 
 
 def _nt_xent_stats(Z: tuple[Chunk, Chunk], scale, setup: Setup):
@@ -139,8 +141,8 @@ def _nt_xent_stats(Z: tuple[Chunk, Chunk], scale, setup: Setup):
     # in the other view only).
     stats, _ = stats_pass(Z, None, scale, setup.block, row_stats=empty, col_stats=None,
                           positives=_local_positives(setup))
-    tr = setup.transport
-    if not tr.sharded:
+    exchange = setup.exchange
+    if not exchange.sharded:
         return stats
 
     def body(P, acc, stats, own):
@@ -148,9 +150,9 @@ def _nt_xent_stats(Z: tuple[Chunk, Chunk], scale, setup: Setup):
                                 positives=setup.by_id)
         return acc, stats
 
-    exact = Transport("all_gather", tr.axis_name, tr.size) if tr.strategy == (
-        "all_gather_no_grad") else tr
-    stats, acc = visit(exact, Z, empty, body, stats, own=False, half=True)
+    exact = RowExchange("all_gather", exchange.axis_name, exchange.size) if exchange.strategy == (
+        "all_gather_no_grad") else exchange
+    stats, acc = meet_payloads(exact, Z, empty, body, stats, own=False, half=True)
     return tuple(merge_stats(s, a) for s, a in zip(stats, acc, strict=True))
 
 
@@ -163,8 +165,9 @@ def _infonce_fwd(x, y, third, ids, setup: Setup):
     else:
         rows, cols = _nt_xent_stats((X, Y), scale, setup)
         w_row = w_col = 0.5  # the mean over all 2N anchors
-    loss = sum(w * jnp.sum(row_losses(s)) for s, w in ((rows, w_row), (cols, w_col)) if w)
-    loss = setup.transport.psum(loss) / _total(x, setup)
+    loss = sum(w * jnp.sum(anchor_losses_from_stats(s))
+               for s, w in ((rows, w_row), (cols, w_col)) if w)
+    loss = setup.exchange.psum(loss) / _total(x, setup)
     return loss, (x, y, third, ids, rows, cols)
 
 
@@ -182,19 +185,20 @@ def _infonce_bwd(setup: Setup, residuals, g):
         rw, cw = weights(rows, coeff * 0.5, scale), weights(cols, coeff * 0.5, scale)
         g_x, g_y, total = _nt_xent_grads((X, Y), (rw, cw), scale, setup)
         d_third = -total * scale * scale  # dL/dtau = dL/ds * (-1 / tau^2)
-    g_x, g_y = finish(X, g_x, scale, setup.block), finish(Y, g_y, scale, setup.block)
+    g_x = l2_normalize_vjp_blockwise(X, g_x, scale, setup.block)
+    g_y = l2_normalize_vjp_blockwise(Y, g_y, scale, setup.block)
     return g_x, g_y, d_third.astype(third.dtype), _no_cotangent(ids)
 
 
 def _clip_grads(X: Chunk, Y: Chunk, rw, cw, scale, setup: Setup):
     """``Gamma Y_hat``, ``Gamma^T X_hat`` for this device's rows, and its ``sum Gamma * C``."""
-    tr, block = setup.transport, setup.block
+    exchange, block = setup.exchange, setup.block
     zeros = (jnp.zeros_like(X.x), jnp.zeros_like(Y.x))
-    if tr.strategy == "all_gather_no_grad":
+    if exchange.strategy == "all_gather_no_grad":
         # Each direction's anchors against all rows; of the candidates' gradient only the own
         # chunk's is kept (the remote rows are constants).
         g, total = list(zeros), jnp.zeros((), X.x.dtype)
-        stream = Transport("all_gather", tr.axis_name, tr.size)
+        stream = RowExchange("all_gather", exchange.axis_name, exchange.size)
         for a, (A, C, w) in enumerate(((X, Y, rw), (Y, X, cw))):
             if w is None:
                 continue
@@ -207,9 +211,9 @@ def _clip_grads(X: Chunk, Y: Chunk, rw, cw, scale, setup: Setup):
                                       g_r=g_a, g_c=None, positives=setup.by_id)
                 return acc, (g_a, t + p)
 
-            ((g[a],), part2), _ = visit(stream, C, None, body, ((g[a],), part), own=False)
+            ((g[a],), part2), _ = meet_payloads(stream, C, None, body, ((g[a],), part), own=False)
             total = total + part2
-        return g[0], g[1], tr.psum(total)
+        return g[0], g[1], exchange.psum(total)
 
     def body(payload, g_yk, carry, own):
         Yk, cwk = payload
@@ -219,19 +223,19 @@ def _clip_grads(X: Chunk, Y: Chunk, rw, cw, scale, setup: Setup):
                                     positives=own or setup.by_id)
         return g_yk, (g_x, total + part)
 
-    ((g_x,), total), (g_y,) = visit(tr, (Y, cw), (zeros[1],), body,
+    ((g_x,), total), (g_y,) = meet_payloads(exchange, (Y, cw), (zeros[1],), body,
                                     ((zeros[0],), jnp.zeros((), X.x.dtype)))
-    return g_x, g_y, tr.psum(total)
+    return g_x, g_y, exchange.psum(total)
 
 
 def _nt_xent_grads(Z, W, scale, setup: Setup):
-    tr, block = setup.transport, setup.block
+    exchange, block = setup.exchange, setup.block
     zeros = (jnp.zeros_like(Z[0].x), jnp.zeros_like(Z[1].x))
     grads, _, total = grad_pass(Z, None, scale, block, row_w=W, col_w=None, g_r=zeros, g_c=None,
                                 positives=_local_positives(setup))
-    if not tr.sharded:
+    if not exchange.sharded:
         return (*grads, total)
-    no_grad = tr.strategy == "all_gather_no_grad"
+    no_grad = exchange.strategy == "all_gather_no_grad"
 
     def body(payload, acc, carry, own):
         P, PW = payload
@@ -241,11 +245,12 @@ def _nt_xent_grads(Z, W, scale, setup: Setup):
         return acc, (grads, total + part)
 
     if no_grad:  # every remote view meets this device's anchors; nothing goes home
-        stream = Transport("all_gather", tr.axis_name, tr.size)
-        (grads, total), _ = visit(stream, (Z, W), None, body, (grads, total), own=False)
-        return (*grads, tr.psum(total))
-    (grads, total), acc = visit(tr, (Z, W), zeros, body, (grads, total), own=False, half=True)
-    return grads[0] + acc[0], grads[1] + acc[1], tr.psum(total)
+        stream = RowExchange("all_gather", exchange.axis_name, exchange.size)
+        (grads, total), _ = meet_payloads(stream, (Z, W), None, body, (grads, total), own=False)
+        return (*grads, exchange.psum(total))
+    (grads, total), acc = meet_payloads(exchange, (Z, W), zeros, body, (grads, total), own=False,
+                                        half=True)
+    return grads[0] + acc[0], grads[1] + acc[1], exchange.psum(total)
 
 
 infonce_tiled.defvjp(_infonce_fwd, _infonce_bwd)
@@ -271,7 +276,7 @@ def sigmoid_tiled(x: Array, y: Array, log_scale: Array, bias: Array, ids: Array,
 
 
 def _sigmoid(x, y, log_scale, bias, ids, setup: Setup, gradients: bool):
-    tr = setup.transport
+    exchange = setup.exchange
     scale = logit_scale(log_scale, setup.max_scale)
     X, Y = Chunk.of(x, ids), Chunk.of(y, ids)
     coeff = 1.0 / _total(x, setup) if gradients else None
@@ -284,15 +289,16 @@ def _sigmoid(x, y, log_scale, bias, ids, setup: Setup, gradients: bool):
 
     zero = jnp.zeros((), x.dtype)
     init = (zero, (jnp.zeros_like(x),) if gradients else None, zero, zero)
-    (total, g_x, d_scale, d_bias), g_y = visit(
-        tr, Y, (jnp.zeros_like(y),) if gradients else None, body, init)
-    loss = tr.psum(total) / _total(x, setup)
+    (total, g_x, d_scale, d_bias), g_y = meet_payloads(
+        exchange, Y, (jnp.zeros_like(y),) if gradients else None, body, init)
+    loss = exchange.psum(total) / _total(x, setup)
     if not gradients:
         return loss, None
     d_log_scale = jnp.where(clip_active(log_scale, setup.max_scale), 0.0,
-                            scale * tr.psum(d_scale))
-    grads = (finish(X, g_x[0], scale, setup.block), finish(Y, g_y[0], scale, setup.block),
-             d_log_scale.astype(log_scale.dtype), tr.psum(d_bias).astype(bias.dtype))
+                            scale * exchange.psum(d_scale))
+    grads = (l2_normalize_vjp_blockwise(X, g_x[0], scale, setup.block),
+             l2_normalize_vjp_blockwise(Y, g_y[0], scale, setup.block),
+             d_log_scale.astype(log_scale.dtype), exchange.psum(d_bias).astype(bias.dtype))
     return loss, (grads, ids)
 
 
@@ -309,5 +315,5 @@ sigmoid_tiled.defvjp(_sigmoid_fwd, _sigmoid_bwd)
 sigmoid_tiled_jit = jax.jit(sigmoid_tiled, static_argnums=5)
 
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "Setup", "default_ids", "gathered", "infonce_tiled",
+__all__ = ["DEFAULT_BLOCK_SIZE", "Setup", "default_ids", "infonce_tiled",
            "infonce_tiled_jit", "sigmoid_tiled", "sigmoid_tiled_jit"]

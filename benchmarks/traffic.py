@@ -1,8 +1,8 @@
 """Bytes a device receives per step under each sharding strategy: the formula and the HLO.
 
 Per device, with ``n = N / D`` rows of ``d`` float32 values. What travels
-(:mod:`contrastive_jax.losses.transport`): a *chunk* is a device's rows of one input with their
-norms and ids (``n d + 2 n`` numbers; NT-Xent sends both views, two chunks); the backward pass
+(:mod:`contrastive_jax.losses.tiling.row_exchange`): a *chunk* is a device's rows of one input with
+their norms and ids (``n d + 2 n`` numbers; NT-Xent sends both views, two chunks); the backward pass
 sends each chunk again with its anchors' *weights*; the accumulators that come home
 are column *statistics* (``4 n``, forward) and *gradients* (``n d``, backward). Weights are
 ``3 n`` (a remote chunk holds no positive of this device's rows) unless the positives are given
@@ -23,7 +23,8 @@ by ids. With
 :func:`collective_bytes` counts the same from a compiled program's HLO text (every all-gather,
 reduce-scatter and collective-permute, times the trip counts of the loops around it), so the
 formula is checked against what XLA will actually send (``tests/test_sharding.py``,
-``benchmarks/sharded_bench.py``).
+``benchmarks/sharded_bench.py``). A measurement tool, not part of the library: it lives with the
+benchmarks (the tests put ``benchmarks/`` on the import path).
 """
 
 from __future__ import annotations

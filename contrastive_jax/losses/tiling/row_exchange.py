@@ -1,8 +1,8 @@
 """How the other devices' rows reach this one: in place, gathered, or passed round a ring.
 
 A sharded loss meets this device's rows with every device's *payload* (its candidate rows, and
-in the backward pass their weights). :func:`visit` runs one ``body(payload, acc, carry)`` per
-payload met, whatever the transport, and brings each payload's *accumulator* (what this device's
+in the backward pass their weights). :func:`meet_payloads` runs one ``body(payload, acc, carry)``
+per payload met, whatever the exchange, and brings each payload's *accumulator* (what this device's
 rows contributed to that payload's own rows: column statistics forward, gradients backward) home
 to the payload's owner, combined over every device that met it:
 
@@ -27,13 +27,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contrastive_jax.losses.tile_math import Normaliser, varying_like
+from contrastive_jax.losses.tiling.tile import Normaliser, varying_like
 
 STRATEGIES = ("all_gather", "all_gather_no_grad", "ring")
 
 
-class Transport(NamedTuple):
-    """Static: ``strategy`` (``"local"`` or one of :data:`STRATEGIES`), the mesh axis, its size."""
+class RowExchange(NamedTuple):
+    """How rows arrive (static): ``strategy`` (``"local"`` or one of :data:`STRATEGIES`), the
+    mesh axis, its size."""
 
     strategy: str = "local"
     axis_name: str | None = None
@@ -51,91 +52,91 @@ class Transport(NamedTuple):
         return self.size // 2 if half else self.size - 1
 
 
-def _active(tr: Transport, hop, half: bool):
+def _active(exchange: RowExchange, hop, half: bool):
     """Whether this device computes at ``hop``: the pair ``{a, a + D/2}`` once, on ``a < D/2``."""
-    if not half or tr.size % 2:
+    if not half or exchange.size % 2:
         return jnp.asarray(True)
-    return (hop < tr.size // 2) | (lax.axis_index(tr.axis_name) < tr.size // 2)
+    return (hop < exchange.size // 2) | (lax.axis_index(exchange.axis_name) < exchange.size // 2)
 
 
-def _step(tr: Transport, tree):
-    perm = [(i, (i + 1) % tr.size) for i in range(tr.size)]
-    return lax.ppermute(tree, tr.axis_name, perm)
+def _step(exchange: RowExchange, tree):
+    perm = [(i, (i + 1) % exchange.size) for i in range(exchange.size)]
+    return lax.ppermute(tree, exchange.axis_name, perm)
 
 
-def _reduce_stats(stacked, tr: Transport):
+def _reduce_stats(stacked, exchange: RowExchange):
     """Per-device partial statistics ``(D, n)`` of every payload -> the own payload's, merged."""
 
     def one(part: Normaliser) -> Normaliser:
-        shift = lax.pmax(part.shift, tr.axis_name)
+        shift = lax.pmax(part.shift, exchange.axis_name)
         safe = jnp.where(jnp.isfinite(shift), shift, 0.0)
         # an empty part adds 0; a NaN total (a NaN logit) stays NaN
         total = lax.psum(jnp.where(part.total == 0, 0.0, part.total * jnp.exp(part.shift - safe)),
-                         tr.axis_name)
-        me = lax.axis_index(tr.axis_name)
+                         exchange.axis_name)
+        me = lax.axis_index(exchange.axis_name)
         return Normaliser(*(lax.dynamic_index_in_dim(a, me, keepdims=False)
                             for a in (shift, total)))
 
     return jax.tree.map(one, stacked, is_leaf=lambda x: isinstance(x, Normaliser))
 
 
-def _reduce_sum(stacked, tr: Transport):
-    return jax.tree.map(lambda a: lax.psum_scatter(a, tr.axis_name, scatter_dimension=0),
+def _reduce_sum(stacked, exchange: RowExchange):
+    return jax.tree.map(lambda a: lax.psum_scatter(a, exchange.axis_name, scatter_dimension=0),
                         stacked)
 
 
-def visit(tr: Transport, payload, acc, body: Callable, carry, *, own: bool = True,
+def meet_payloads(exchange: RowExchange, payload, acc, body: Callable, carry, *, own: bool = True,
           half: bool = False):
     """``body(payload, acc, carry, own) -> (acc, carry)`` on every payload this device meets.
 
     ``payload``: this device's (a pytree of arrays); ``acc``: the identity of its accumulator
-    (empty :class:`~contrastive_jax.losses.tile_math.Stats` or zeros; ``None`` for none);
+    (empty :class:`~contrastive_jax.losses.tiling.tile.Stats` or zeros; ``None`` for none);
     ``own``: meet the own payload too (the body is told, statically, which payload is its own).
     Returns ``(carry, acc)``, ``acc`` the own payload's accumulator combined over every device
     that met it.
     """
-    if not tr.sharded:
+    if not exchange.sharded:
         return (body(payload, acc, carry, True)[::-1]) if own else (carry, acc)
-    if tr.strategy == "ring":
-        return _ring(tr, payload, acc, body, carry, own, half)
-    return _gather(tr, payload, acc, body, carry, own, half)
+    if exchange.strategy == "ring":
+        return _ring(exchange, payload, acc, body, carry, own, half)
+    return _gather(exchange, payload, acc, body, carry, own, half)
 
 
-def _ring(tr, payload, acc, body, carry, own, half):
+def _ring(exchange, payload, acc, body, carry, own, half):
     if own:
         acc, carry = body(payload, acc, carry, True)
-    hops = tr.hops(half)
+    hops = exchange.hops(half)
 
     def meet(hop, state):
         payload, acc, carry = state
-        payload, acc = _step(tr, (payload, acc))  # the payload and its accumulator, one hop on
-        return (payload, *lax.cond(_active(tr, hop, half),
+        payload, acc = _step(exchange, (payload, acc))  # the payload and its accumulator, a hop
+        return (payload, *lax.cond(_active(exchange, hop, half),
                                    lambda: body(payload, acc, carry, False),
                                    lambda: (acc, carry)))
 
     payload, acc, carry = lax.fori_loop(1, hops + 1, meet,
                                         varying_like((payload, acc, carry), payload))
     if acc is not None:  # the rest of the way home: the accumulator alone
-        acc = lax.fori_loop(hops + 1, tr.size + 1, lambda _, a: _step(tr, a), acc)
+        acc = lax.fori_loop(hops + 1, exchange.size + 1, lambda _, a: _step(exchange, a), acc)
     return carry, acc
 
 
-def _gather(tr, payload, acc, body, carry, own, half):
-    gathered = lax.all_gather(payload, tr.axis_name)  # (D, ...) per leaf
-    me = lax.axis_index(tr.axis_name)
+def _gather(exchange, payload, acc, body, carry, own, half):
+    gathered = lax.all_gather(payload, exchange.axis_name)  # (D, ...) per leaf
+    me = lax.axis_index(exchange.axis_name)
     own_acc = acc
     if own:  # the own payload, from its local copy
         own_acc, carry = body(payload, acc, carry, True)
     stacked = None if acc is None else jax.tree.map(
-        lambda a: jnp.zeros((tr.size, *a.shape), a.dtype) + a[None], acc)
+        lambda a: jnp.zeros((exchange.size, *a.shape), a.dtype) + a[None], acc)
 
     def meet(j, state):
         stacked, carry = state
-        k = (me - j) % tr.size  # the ring's order: payload of device me - j
+        k = (me - j) % exchange.size  # the ring's order: payload of device me - j
         here = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, keepdims=False), gathered)
         piece = None if stacked is None else jax.tree.map(
             lambda a: lax.dynamic_index_in_dim(a, k, keepdims=False), stacked)
-        piece, carry = lax.cond(_active(tr, j, half), lambda: body(here, piece, carry, False),
+        piece, carry = lax.cond(_active(exchange, j, half), lambda: body(here, piece, carry, False),
                                 lambda: (piece, carry))
         if stacked is not None:
             stacked = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, k, 0),
@@ -145,17 +146,11 @@ def _gather(tr, payload, acc, body, carry, own, half):
     if stacked is not None and own:
         stacked = jax.tree.map(lambda a, p: lax.dynamic_update_index_in_dim(a, p, me, 0),
                                stacked, own_acc)
-    stacked, carry = lax.fori_loop(1, tr.hops(half) + 1, meet,
+    stacked, carry = lax.fori_loop(1, exchange.hops(half) + 1, meet,
                                    varying_like((stacked, carry), payload))
     if stacked is None:
         return carry, None
     statistics = any(isinstance(leaf, Normaliser) for leaf in jax.tree.leaves(
         acc, is_leaf=lambda x: isinstance(x, Normaliser)))
-    return carry, (_reduce_stats if statistics else _reduce_sum)(stacked, tr)
+    return carry, (_reduce_stats if statistics else _reduce_sum)(stacked, exchange)
 
-
-def gathered(tr: Transport, tree):
-    """``tree`` from every device, stacked ``(D, ...)`` (the identity's ``(1, ...)`` locally)."""
-    if not tr.sharded:
-        return jax.tree.map(lambda a: a[None], tree)
-    return lax.all_gather(tree, tr.axis_name)

@@ -1,4 +1,4 @@
-"""Tiles: blocks of rows, their masks from ids, and the math of one tile of logits.
+"""One tile: blocks of rows, their masks from ids, the running normalisers, and ``Gamma``.
 
 Every tiled and sharded loss meets two *chunks* of rows (:class:`Chunk`: raw embeddings, their
 clamped norms and integer ids) in ``(b, b)`` tiles of logits ``S = s R_hat C_hat^T``. Rows are
@@ -14,10 +14,11 @@ captions positives instead of false negatives.
 
 Per anchor the InfoNCE losses keep two running log-sum-exps (:class:`Stats`), over its
 negatives and over its positives, each as a :class:`Normaliser` ``(shift, total)`` merged tile
-by tile (the online log-sum-exp, §13.1). The row loss is ``softplus(t)``,
-``t = lse_negatives - lse_positives`` (§6.2), and the gradient w.r.t. the logits (§5.2, §8.3)
-is ``+sigmoid(t) softmax_negatives`` on the negatives and ``-sigmoid(t) softmax_positives`` on
-the positives (:class:`Weights`, :func:`infonce_tile_grad`), so every entry keeps its relative
+by tile (the online log-sum-exp, §13.1). The anchor's loss is ``softplus(t)``
+(:func:`anchor_losses_from_stats`), ``t = lse_negatives - lse_positives`` (§6.2;
+:func:`log_odds_against_positives`), and the gradient w.r.t. the logits (§5.2, §8.3) is
+``+sigmoid(t) softmax_negatives`` on the negatives and ``-sigmoid(t) softmax_positives`` on the
+positives (:class:`Weights`, :func:`infonce_tile_grad`), so every entry keeps its relative
 precision. SigLIP's terms are independent per pair (§11): :func:`sigmoid_tile` gives a tile's
 loss and its ``dL/dl`` at once.
 """
@@ -98,7 +99,7 @@ def blocks(n: int, block_size: int) -> Blocks:
     return Blocks(n, block, math.ceil(n / block))
 
 
-def select(parts, part: Array):
+def select_part(parts, part: Array):
     """``parts[part]`` for a traced ``part``: the leaves of several same-shaped pytrees,
     selected elementwise (no copy of the unselected)."""
     out = parts[0]
@@ -107,10 +108,11 @@ def select(parts, part: Array):
     return out
 
 
-def read(chunks: tuple[Chunk, ...], plan: Blocks, part: Array, r: Array) -> tuple[Array, Array]:
+def read_block(chunks: tuple[Chunk, ...], plan: Blocks, part: Array,
+               r: Array) -> tuple[Array, Array]:
     """Block ``r`` of chunk ``part``: its normalised rows (b, d) and ids (b,)."""
     start = plan.start(r)
-    block = select([take(c, start, plan.block) for c in chunks], part)
+    block = select_part([slice_rows(c, start, plan.block) for c in chunks], part)
     return block.x / block.norm[:, None], block.ids
 
 
@@ -160,14 +162,14 @@ def normaliser(tile: Array, axis: int) -> Normaliser:
                                      axis=axis))
 
 
-def merge(a: Normaliser, b: Normaliser) -> Normaliser:
+def merge_normalisers(a: Normaliser, b: Normaliser) -> Normaliser:
     """The normaliser of the union of two disjoint sets (one online log-sum-exp step)."""
     shift = jnp.maximum(a.shift, b.shift)
     safe = _safe(shift)
     return Normaliser(shift, a.total * jnp.exp(a.shift - safe) + b.total * jnp.exp(b.shift - safe))
 
 
-def empty(n: int, dtype) -> Normaliser:
+def empty_normalisers(n: int, dtype) -> Normaliser:
     """The normalisers of ``n`` empty sets."""
     return Normaliser(jnp.full((n,), -jnp.inf, dtype), jnp.zeros((n,), dtype))
 
@@ -181,22 +183,22 @@ class Stats(NamedTuple):
 
 def empty_stats(n: int, dtype) -> Stats:
     """Statistics of ``n`` anchors before any tile."""
-    return Stats(empty(n, dtype), empty(n, dtype))
+    return Stats(empty_normalisers(n, dtype), empty_normalisers(n, dtype))
 
 
 def merge_stats(a: Stats, b: Stats) -> Stats:
-    """:func:`merge` for both normalisers of each anchor."""
-    return Stats(merge(a.neg, b.neg), merge(a.pos, b.pos))
+    """:func:`merge_normalisers` for both normalisers of each anchor."""
+    return Stats(merge_normalisers(a.neg, b.neg), merge_normalisers(a.pos, b.pos))
 
 
-def take(stats, start: Array, size: int):
+def slice_rows(tree, start: Array, size: int):
     """Rows ``start:start + size`` of every leaf of a per-row pytree."""
-    return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, size), stats)
+    return jax.tree.map(lambda a: lax.dynamic_slice_in_dim(a, start, size), tree)
 
 
-def put(stats, part, start: Array):
-    """Write ``part`` into rows ``start:`` of every leaf."""
-    return jax.tree.map(lambda a, p: lax.dynamic_update_slice_in_dim(a, p, start, 0), stats, part)
+def write_rows(tree, part, start: Array):
+    """``tree`` with ``part`` written into rows ``start:`` of every leaf (a per-row pytree)."""
+    return jax.tree.map(lambda a, p: lax.dynamic_update_slice_in_dim(a, p, start, 0), tree, part)
 
 
 def _log(total: Array) -> Array:
@@ -204,17 +206,19 @@ def _log(total: Array) -> Array:
     return jnp.log(jnp.where(total == 0, 1.0, total))
 
 
-def gap(stats: Stats) -> Array:
-    """``t = lse_negatives - lse_positives`` per anchor (``-inf`` without negatives), formed
-    from the differences of the shifts first so that it is exact when they are close. A NaN
+def log_odds_against_positives(stats: Stats) -> Array:
+    """``t = lse_negatives - lse_positives = -logit p(P)`` per anchor (``-inf`` without negatives),
+    formed from the differences of the shifts first so that it is exact when they are close. A NaN
     anywhere in an anchor's logits makes its totals, hence ``t`` and its loss, NaN."""
     t = (stats.neg.shift - stats.pos.shift) + (_log(stats.neg.total) - _log(stats.pos.total))
     return jnp.where(stats.neg.total == 0, -jnp.inf, t)
 
 
-def row_losses(stats: Stats) -> Array:
-    """``-log sum_{j in P} p_j = softplus(t)`` per anchor (docs/derivations.md §5.1, §6.2)."""
-    return jax.nn.softplus(gap(stats))
+def anchor_losses_from_stats(stats: Stats) -> Array:
+    """``-log sum_{j in P} p_j = softplus(t)`` per anchor, from its final statistics
+    (docs/derivations.md §5.1, §6.2); the tiled counterpart of
+    :func:`contrastive_jax.losses.info_nce.row_losses`, which starts from the logits."""
+    return jax.nn.softplus(log_odds_against_positives(stats))
 
 
 def tile_stats(logits: Array, pos: Array, neg: Array, axis: int, positives: bool) -> Stats:
@@ -228,7 +232,7 @@ def tile_stats(logits: Array, pos: Array, neg: Array, axis: int, positives: bool
     if positives:
         pos_part = normaliser(jnp.where(pos, logits, -jnp.inf), axis)
     else:
-        pos_part = varying_like(empty(logits.shape[1 - axis], logits.dtype), logits)
+        pos_part = varying_like(empty_normalisers(logits.shape[1 - axis], logits.dtype), logits)
     return Stats(normaliser(masked, axis), pos_part)
 
 
@@ -249,7 +253,7 @@ def weights(stats: Stats, coeff, scale: Array) -> Weights:
     ``p_ij - q_ij`` (docs/derivations.md §5.2): on a negative ``(1 - p(P)) softmax_neg``, on a
     positive ``-(1 - p(P)) softmax_pos``, with ``1 - p(P) = sigmoid(t)`` (§6.3).
     """
-    rest = jax.nn.sigmoid(gap(stats))
+    rest = jax.nn.sigmoid(log_odds_against_positives(stats))
 
     def per(normaliser):
         nonempty = normaliser.total > 0
