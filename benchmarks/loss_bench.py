@@ -1,4 +1,4 @@
-"""Loss benchmark: dense autodiff vs dense analytic backward vs tiled, forward + backward.
+"""Loss benchmark: dense autodiff vs dense hand-written backward (dense_vjp) vs tiled, fwd + bwd.
 
     python benchmarks/loss_bench.py [--sizes 1024 4096 16384] [--large] [--runs 5]
     python benchmarks/loss_bench.py --sweep-block 256 512 1024 2048 --sizes 16384
@@ -20,12 +20,12 @@ worker times an (N, d) @ (d, N) float32 matmul in the same process, the referenc
 useful fraction (for N > 16384 an (N, d) @ (d, 16384) one, whose output still fits in memory).
 
 Columns: median time of a forward+backward pass; peak extra memory; useful GFLOP/s =
-``6 N^2 d / time`` (the three N x N x d matmuls of the dense analytic pass); and that figure as a
-fraction of the matmul's own GFLOP/s (``2 N^2 d / t_matmul``). A tiled pass recomputes the logits,
-four matmuls against three, so 0.75 is its ceiling; the tiled NT-Xent visits only the tiles on and
-above the diagonal of its symmetric similarity, so it can exceed that. ``N`` is the number of rows
-of the similarity matrix: N pairs for CLIP and SigLIP, N/2 pairs (N views) for NT-Xent. SigLIP
-has no analytic impl (its tiled backward is the hand-written one).
+``6 N^2 d / time`` (the three N x N x d matmuls of the dense hand-written pass); and that figure
+as a fraction of the matmul's own GFLOP/s (``2 N^2 d / t_matmul``). A tiled pass recomputes the
+logits, four matmuls against three, so 0.75 is its ceiling; the tiled NT-Xent visits only the tiles
+on and above the diagonal of its symmetric similarity, so it can exceed that. ``N`` is the number of
+rows of the similarity matrix: N pairs for CLIP and SigLIP, N/2 pairs (N views) for NT-Xent. SigLIP
+has no dense_vjp impl (its tiled backward is the hand-written one).
 
 Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to ``.json``).
 """
@@ -42,7 +42,7 @@ import sys
 import time
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
-IMPLS = ("autodiff", "analytic", "tiled")
+IMPLS = ("autodiff", "dense_vjp", "tiled")
 
 
 def _status_mb(key: str) -> float:
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 plan += [(loss, "tiled", n, b, args.runs) for b in args.sweep_block]
             else:
                 plan += [(loss, impl, n, args.block, args.runs) for impl in args.impls
-                         if not (loss == "siglip" and impl == "analytic")]
+                         if not (loss == "siglip" and impl == "dense_vjp")]
         if args.large and not args.sweep_block:
             plan.append((loss, "tiled", 65536, args.block, 1))
     rows = []

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = gradcheck.run_gradcheck(shapes=shapes, seeds=seeds, progress=progress)
     produced = (
         f"{command(__file__, argv)}: each closed form of docs/derivations.md (section in the "
-        "source column) and each analytic backward pass against `jax.grad` of the library "
+        "source column) and each hand-written backward pass against `jax.grad` of the library "
         "loss; error: the worst `||formula - autodiff||_2 / ||autodiff||_2` (for §12.1's "
         f"identity the residual `|u.g| / (|u||g|)`) over shapes (n, d) in {list(shapes)} and "
         f"seeds {list(seeds)}; jax {jax.__version__}, {platform.machine()}, "

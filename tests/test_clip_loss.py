@@ -1,5 +1,5 @@
 """clip_loss against the step-by-step algorithm of docs/derivations.md §8.1, its edge cases, and
-its analytic backward."""
+its hand-written (dense_vjp) backward."""
 
 import itertools
 
@@ -37,7 +37,7 @@ def test_matches_reference_in_float32(n, d):
         log_scale = np.float32(np.log(scale))
         s, bound = _exact_and_bound(x, y, log_scale)
         expected = ref.clip_loss(x, y, s)
-        for impl in ("tiled", "analytic", "autodiff"):
+        for impl in ("tiled", "dense_vjp", "autodiff"):
             loss = clip_loss(x, y, log_scale, impl=impl, **({"block_size": 64} if impl == "tiled"
                                                           else {}))
             fb.assert_within(loss, expected, bound, f"{impl}, scale {scale}")
@@ -89,7 +89,7 @@ def test_scale_is_clipped_at_max_scale_with_zero_log_scale_gradient():
                                rtol=(np.log(30.0) + fb.C_FN) * fb.U)
 
 
-@pytest.mark.parametrize("impl", ["autodiff", "analytic"])
+@pytest.mark.parametrize("impl", ["autodiff", "dense_vjp"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("case", ["identical", "near_identical", "all_zero", "one_zero_row"])
 def test_finite_at_scale_100(case, dtype, impl):
@@ -125,7 +125,7 @@ def test_bfloat16_inputs_compute_in_float32():
 
 @pytest.mark.parametrize("direction", ["both", "x_to_y", "y_to_x"])
 @pytest.mark.parametrize("log_scale", [np.log(14.3), np.log(100.0), np.log(250.0)])
-def test_analytic_backward_equals_autodiff(direction, log_scale):
+def test_dense_vjp_backward_equals_autodiff(direction, log_scale):
     x, y = _pair(37, 24, seed=7)
     x[5] = 0.0  # the zero-norm branch of the normalisation
     f = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)),
@@ -134,7 +134,7 @@ def test_analytic_backward_equals_autodiff(direction, log_scale):
         x64, y64, ls64 = jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64), jnp.float64(
             log_scale)
         (la, ga), (lb, gb) = (f(x64, y64, ls64, direction=direction, impl=impl)
-                              for impl in ("autodiff", "analytic"))
+                              for impl in ("autodiff", "dense_vjp"))
         np.testing.assert_allclose(lb, la, rtol=1e-12)
         for a, b in zip(ga, gb, strict=True):
             assert _rel(b, a) <= 1e-12 if np.any(np.asarray(a)) else np.all(np.asarray(b) == 0)
@@ -144,7 +144,7 @@ def test_analytic_backward_equals_autodiff(direction, log_scale):
     with jax.enable_x64(True):
         want_loss, want = f(x64, y64, jnp.float64(b.third), direction=direction,
                             impl="autodiff")
-    for impl in ("autodiff", "analytic"):
+    for impl in ("autodiff", "dense_vjp"):
         loss, grads = f(x, y, ls32, direction=direction, impl=impl)
         fb.assert_within(loss, want_loss, b.loss, impl)
         fb.assert_rows_within(grads[0], want[0], b.rows_x, f"{impl} grad_x")
@@ -155,11 +155,22 @@ def test_analytic_backward_equals_autodiff(direction, log_scale):
             fb.assert_within(grads[2], want[2], b.third_grad, f"{impl} grad_log_scale")
 
 
-def test_analytic_backward_returns_input_dtypes():
+def test_dense_vjp_backward_returns_input_dtypes():
     x, y = _pair(8, 4)
     grads = jax.grad(clip_loss, argnums=(0, 1, 2))(
-        jnp.asarray(x, jnp.bfloat16), jnp.asarray(y), jnp.float32(2.0), impl="analytic")
+        jnp.asarray(x, jnp.bfloat16), jnp.asarray(y), jnp.float32(2.0), impl="dense_vjp")
     assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.float32, jnp.float32]
+
+
+def test_analytic_is_a_deprecated_alias_of_dense_vjp():
+    x, y = _pair(9, 5, seed=3)
+    grad = jax.value_and_grad(clip_loss, argnums=(0, 1, 2))
+    want_loss, want = grad(x, y, jnp.float32(2.5), impl="dense_vjp", direction="x_to_y")
+    with pytest.warns(DeprecationWarning, match=r"impl='analytic' is deprecated.*'dense_vjp'"):
+        loss, grads = grad(x, y, jnp.float32(2.5), impl="analytic", direction="x_to_y")
+    assert float(loss) == float(want_loss) and float(loss) > 0
+    for g, w in zip(grads, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""nt_xent against the definition of docs/derivations.md §9.1, chance level, its analytic backward,
+"""nt_xent against the definition of docs/derivations.md §9.1, chance level, its dense_vjp backward,
 and input errors."""
 
 import itertools
@@ -35,7 +35,7 @@ def test_matches_reference_in_float32(n, d):
             tau32 = float(np.float32(tau))
             expected = ref.nt_xent(z1, z2, tau32)
             bound = _nt_xent_bound(z1, z2, tau32)
-            for impl in ("tiled", "analytic", "autodiff"):
+            for impl in ("tiled", "dense_vjp", "autodiff"):
                 fb.assert_within(nt_xent(z1, z2, tau, impl=impl), expected, bound,
                                  f"{impl}, tau {tau}, noise {noise}")
 
@@ -70,13 +70,13 @@ def test_pairs_are_symmetric_in_the_two_views():
 
 
 @pytest.mark.parametrize("tau", [0.05, 0.5])
-def test_analytic_backward_equals_autodiff(tau):
+def test_dense_vjp_backward_equals_autodiff(tau):
     z1, z2 = _views(29, 24, seed=3, noise=0.5)
     z1[4] = 0.0
     f = jax.jit(jax.value_and_grad(nt_xent, argnums=(0, 1, 2)), static_argnames="impl")
     with jax.enable_x64(True):  # float64: the two backward passes agree to round-off
         a, b, t = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64), jnp.float64(tau)
-        (la, ga), (lb, gb) = f(a, b, t, impl="autodiff"), f(a, b, t, impl="analytic")
+        (la, ga), (lb, gb) = f(a, b, t, impl="autodiff"), f(a, b, t, impl="dense_vjp")
         np.testing.assert_allclose(lb, la, rtol=1e-12)
         for x, y in zip(ga, gb, strict=True):
             x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
@@ -85,7 +85,7 @@ def test_analytic_backward_equals_autodiff(tau):
         want_loss, want = f(a, b, jnp.float64(tau32), impl="autodiff")
     # float32: each impl against the float64 result, within the derived bounds.
     bounds = fb.bounds_for("nt_xent", z1, z2, tau32)
-    for impl in ("autodiff", "analytic"):
+    for impl in ("autodiff", "dense_vjp"):
         loss, grads = f(z1, z2, np.float32(tau), impl=impl)
         fb.assert_within(loss, want_loss, bounds.loss, impl)
         fb.assert_rows_within(grads[0], want[0], bounds.rows_x, f"{impl} grad_z1")
@@ -93,7 +93,23 @@ def test_analytic_backward_equals_autodiff(tau):
         fb.assert_within(grads[2], want[2], bounds.third_grad, f"{impl} grad_tau")
 
 
-@pytest.mark.parametrize("impl", ["autodiff", "analytic"])
+def test_analytic_is_a_deprecated_alias_of_dense_vjp():
+    z1, z2 = _views(7, 5, seed=2, noise=0.5)
+    grad = jax.value_and_grad(nt_xent, argnums=(0, 1, 2))
+    want_loss, want = grad(z1, z2, jnp.float32(0.3), impl="dense_vjp")
+    with pytest.warns(DeprecationWarning, match=r"impl='analytic' is deprecated.*'dense_vjp'"):
+        loss, grads = grad(z1, z2, jnp.float32(0.3), impl="analytic")
+    assert float(loss) == float(want_loss) and float(loss) > 0
+    for g, w in zip(grads, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # the config's loss block: the old name is accepted, warned about and mapped
+    with pytest.warns(DeprecationWarning, match="'dense_vjp'"):
+        settings = LossSettings(name="clip", impl="analytic")
+    assert settings.impl == "dense_vjp"
+    assert settings.tiled_kwargs() == {}
+
+
+@pytest.mark.parametrize("impl", ["autodiff", "dense_vjp"])
 def test_finite_with_bfloat16_and_zero_rows_at_tau_001(impl):
     z = jnp.zeros((8, 16), jnp.bfloat16).at[:4].set(1.0)
     loss, grads = jax.value_and_grad(nt_xent, argnums=(0, 1))(z, z, 0.01, impl=impl)
@@ -141,7 +157,7 @@ def test_dot_product_logits_match_the_reference_and_reward_growing_norms():
         np.testing.assert_allclose(nt_xent(unit_a, unit_b, 0.5, impl="autodiff",
                                            normalize=False),
                                    nt_xent(a, b, 0.5, impl="autodiff"), rtol=1e-12)
-    for impl in ("tiled", "analytic"):
+    for impl in ("tiled", "dense_vjp"):
         with pytest.raises(ValueError, match="impl='autodiff' only"):
             nt_xent(z1, z2, 0.5, impl=impl, normalize=False)
     # the config's loss block says what to change

@@ -6,7 +6,7 @@ product and sum is exact, and ``k e_i / k = e_i`` exactly), so each row's loss i
 evaluation or lost entirely (``lse - z_pos`` returns 0 in float32). Every path must return it to
 float32's bound (tests/float32_bounds.py, with the cosines exact: only the scale's rounding and
 the evaluation remain) and to 1e-5 relative of the value at ``s = 1 / 0.07`` exactly. The
-gradients of the dense, analytic, tiled and sharded losses are held to the same bounds.
+gradients of the dense, dense_vjp, tiled and sharded losses are held to the same bounds.
 """
 
 import jax
@@ -51,7 +51,7 @@ def _check(got, negatives, scale, scale_roundings, what):
     assert abs(float(got) - stated) <= 1e-5 * stated, (what, float(got), stated)
 
 
-@pytest.mark.parametrize("impl", ["tiled", "analytic", "autodiff"])
+@pytest.mark.parametrize("impl", ["tiled", "dense_vjp", "autodiff"])
 @pytest.mark.parametrize("direction", ["both", "x_to_y", "y_to_x"])
 def test_clip_loss(impl, direction):
     scale, roundings = fb.scale_of("clip", LOG_SCALE)
@@ -65,7 +65,7 @@ def _x64_grads(fn, *args):
             *(jnp.asarray(a, jnp.float64) for a in args))
 
 
-@pytest.mark.parametrize("impl", ["tiled", "analytic"])
+@pytest.mark.parametrize("impl", ["tiled", "dense_vjp"])
 def test_clip_gradients(impl):
     b = fb.bounds_for("clip", ROWS, ROWS, LOG_SCALE)
     _, want = _x64_grads(lambda x, y, t: clip_loss(x, y, t, impl="autodiff"), ROWS, ROWS,
@@ -78,7 +78,7 @@ def test_clip_gradients(impl):
     assert abs(float(got[2]) - float(want[2])) <= 1e-5 * abs(float(want[2]))
 
 
-@pytest.mark.parametrize("impl", ["tiled", "analytic", "autodiff"])
+@pytest.mark.parametrize("impl", ["tiled", "dense_vjp", "autodiff"])
 def test_nt_xent(impl):
     # Views z1 = z2 = e_i: each anchor's partner has cosine 1, its 2N - 2 negatives 0.
     scale, roundings = fb.scale_of("nt_xent", TAU)
@@ -86,7 +86,7 @@ def test_nt_xent(impl):
     _check(got, 2 * N - 2, scale, roundings, f"nt_xent {impl}")
 
 
-@pytest.mark.parametrize("impl", ["tiled", "analytic"])
+@pytest.mark.parametrize("impl", ["tiled", "dense_vjp"])
 def test_nt_xent_gradients(impl):
     b = fb.bounds_for("nt_xent", ROWS, ROWS, np.float32(TAU))
     _, want = _x64_grads(lambda x, y, t: nt_xent(x, y, t, impl="autodiff"), ROWS, ROWS, b.third)

@@ -20,6 +20,7 @@ from contrastive_jax.losses.validation import (
     check_choice,
     check_has_negatives,
     check_ids,
+    check_impl,
     check_pair,
     check_positive,
     check_scalar,
@@ -29,7 +30,7 @@ from contrastive_jax.losses.validation import (
 Array = jax.Array
 
 DIRECTIONS = ("both", "x_to_y", "y_to_x")
-IMPLS = ("autodiff", "analytic", "tiled")
+IMPLS = ("autodiff", "dense_vjp", "tiled")
 
 
 def clip_loss(
@@ -53,16 +54,16 @@ def clip_loss(
         side.
       impl: ``"tiled"`` (default: never builds the N x N logits; online log-sum-exp over
         (block, block) tiles forward, tiles recomputed backward; memory O(N d + block^2); see
-        :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"analytic"`` (the same hand-written
+        :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"dense_vjp"`` (the same hand-written
         backward pass, docs/derivations.md §8.4, on a single N x N tile: dense memory, a reference
-        for the tiling) or ``"autodiff"`` (reverse mode through the dense forward). All three
-        agree to float rounding. ``"tiled"`` and ``"analytic"`` are reverse-mode only (``jax.grad``,
-        ``jax.vjp``); use ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The
-        default is the measured fastest on 2 CPU cores at every N from 1024 to 16384
-        (``experiments/results/loss_bench.md``) and the only one whose memory is O(N d).
-      block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, measured;
-        clamped to N; when it does not divide N the last block overlaps the one before). An
-        error for the other impls.
+        for the tiling; ``"analytic"``, its old name, is a deprecated alias) or ``"autodiff"``
+        (reverse mode through the dense forward). All three agree to float rounding. ``"tiled"``
+        and ``"dense_vjp"`` are reverse-mode only (``jax.grad``, ``jax.vjp``); use
+        ``"autodiff"`` for ``jax.jvp``, ``jax.jacfwd`` or ``jax.hessian``. The default is the
+        only one whose memory is O(N d); speed and memory of the three: docs/benchmarks.md.
+      block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``, chosen by the
+        block sweep of docs/benchmarks.md; clamped to N; when it does not divide N the last block
+        overlaps the one before). An error for the other impls.
       positive_ids: optional (N,) integers, one per pair: ``y_j`` is a positive of ``x_i`` (and
         ``x_j`` of ``y_i``) iff ``ids[i] == ids[j]`` (duplicate captions, same-class pairs:
         multi-positive InfoNCE, docs/derivations.md §5). Default: each pair alone.
@@ -101,7 +102,7 @@ def clip_loss(
     check_positive("max_scale", max_scale, allow_inf=True)
     check_ids("positive_ids", positive_ids, jnp.shape(x)[0])
     check_choice("direction", direction, DIRECTIONS)
-    check_choice("impl", impl, IMPLS)
+    impl = check_impl(impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     dtype = compute_dtype(x, y)
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
@@ -111,7 +112,7 @@ def clip_loss(
         return _clip_forward(x, y, log_scale, float(max_scale), direction, positive_ids)
     ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
-    setup = Setup("clip", RowExchange(), n if impl == "analytic" else block_size, w_row, w_col,
+    setup = Setup("clip", RowExchange(), n if impl == "dense_vjp" else block_size, w_row, w_col,
                   float(max_scale), by_id=positive_ids is not None)
     return infonce_tiled_jit(x, y, log_scale, ids, setup)
 

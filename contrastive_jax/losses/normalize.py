@@ -61,8 +61,8 @@ def l2_normalize_vjp(x: Array, g: Array, axis: int = -1, eps: float = DEFAULT_EP
     """Exact vector-Jacobian product of :func:`l2_normalize`: ``g`` at ``x_hat`` to ``x``.
 
     ``(I - x_hat x_hat^T) g / ||x||`` row by row where ``||x|| > eps`` (docs/derivations.md
-    §2.2-2.3), and ``g / eps`` where ``||x|| <= eps``. Used by the analytic backward passes of the
-    losses; computed in the dtype of ``g``.
+    §2.2-2.3), and ``g / eps`` where ``||x|| <= eps``. Used by the hand-written backward passes of
+    the losses; computed in the dtype of ``g``.
     """
     x = jnp.asarray(x, jnp.result_type(g))
     sq = jnp.sum(x * x, axis=axis, keepdims=True)

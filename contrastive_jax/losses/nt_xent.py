@@ -14,9 +14,9 @@ from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup,
 from contrastive_jax.losses.tiling.row_exchange import RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
-    check_choice,
     check_has_negatives,
     check_ids,
+    check_impl,
     check_pair,
     check_positive,
     compute_dtype,
@@ -24,7 +24,7 @@ from contrastive_jax.losses.validation import (
 
 Array = jax.Array
 
-IMPLS = ("autodiff", "analytic", "tiled")
+IMPLS = ("autodiff", "dense_vjp", "tiled")
 
 
 def nt_xent(
@@ -45,10 +45,11 @@ def nt_xent(
       temperature: ``tau > 0`` (a Python number is checked; a traced value cannot be).
       impl: ``"tiled"`` (default; never builds the 2N x 2N matrix; visits only the tiles on and
         above the diagonal of the symmetric similarity, the two views kept apart; memory
-        O(N d + block^2); see :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"analytic"`` (the
-        same hand-written backward, docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T) Z_hat /
-        tau``, on whole-view tiles: dense memory) or ``"autodiff"`` (the only one that composes
-        with forward-mode transforms).
+        O(N d + block^2); see :mod:`contrastive_jax.losses.tiling.custom_vjps`), ``"dense_vjp"``
+        (the same hand-written backward, docs/derivations.md §9.3: ``grad_{Z_hat} = (G + G^T)
+        Z_hat / tau``, on whole-view tiles: dense memory; ``"analytic"``, its old name, is a
+        deprecated alias) or ``"autodiff"`` (the only one that composes with forward-mode
+        transforms).
       block_size: rows per tile for ``impl="tiled"`` (default ``DEFAULT_BLOCK_SIZE``); an error
         for the other impls.
       normalize: ``False`` drops the L2 normalisation: dot-product logits ``z_i . z_j / tau``
@@ -88,7 +89,7 @@ def nt_xent(
     check_pair("z1", z1, "z2", z2)
     check_has_negatives("z1", jnp.shape(z1)[0])
     check_positive("temperature", temperature)
-    check_choice("impl", impl, IMPLS)
+    impl = check_impl(impl, IMPLS)
     check_ids("positive_ids", positive_ids, jnp.shape(z1)[0])
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     if not normalize and impl != "autodiff":
@@ -102,7 +103,7 @@ def nt_xent(
         return _nt_xent_forward(jnp.concatenate([z1, z2], axis=0), temperature, normalize,
                                 positive_ids)
     ids = jnp.arange(n, dtype=jnp.int32) if positive_ids is None else jnp.asarray(positive_ids)
-    setup = Setup("nt_xent", RowExchange(), n if impl == "analytic" else block_size,
+    setup = Setup("nt_xent", RowExchange(), n if impl == "dense_vjp" else block_size,
                   by_id=positive_ids is not None)
     return infonce_tiled_jit(z1, z2, temperature, ids, setup)
 

@@ -16,9 +16,9 @@ from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup,
 from contrastive_jax.losses.tiling.row_exchange import RowExchange
 from contrastive_jax.losses.validation import (
     check_block_size,
-    check_choice,
     check_has_negatives,
     check_ids,
+    check_impl,
     check_pair,
     check_positive,
     check_scalar,
@@ -71,7 +71,7 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
     check_scalar("log_scale", log_scale)
     check_scalar("bias", bias)
     check_positive("max_scale", max_scale, allow_inf=True)
-    check_choice("impl", impl, IMPLS)
+    impl = check_impl(impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     check_ids("positive_ids", positive_ids, jnp.shape(x)[0])
     dtype = compute_dtype(x, y)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,30 @@ def compute_dtype(*arrays: Array) -> jnp.dtype:
     are formed, so that a logit scale of 100 never overflows a half-precision exponent.
     """
     return jnp.promote_types(jnp.result_type(*arrays), jnp.float32)
+
+
+# Deprecated ``impl`` names -> their new names (kept for one release). ``"analytic"`` read as the
+# ``contrastive_jax.analytic`` package; the impl is the dense loss with a hand-written VJP.
+IMPL_ALIASES = {"analytic": "dense_vjp"}
+
+
+def renamed_impl(impl: str, stacklevel: int = 3) -> str:
+    """``impl`` with a deprecated name replaced by its new one (a ``DeprecationWarning`` says
+    which, attributed ``stacklevel`` frames up); any other value unchanged."""
+    if impl in IMPL_ALIASES:
+        new = IMPL_ALIASES[impl]
+        warnings.warn(f"impl={impl!r} is deprecated and will be removed in the next release; "
+                      f"use impl={new!r} (the same dense loss with a hand-written backward)",
+                      DeprecationWarning, stacklevel=stacklevel)
+        return new
+    return impl
+
+
+def check_impl(impl: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, after :func:`renamed_impl`: the name to dispatch on."""
+    impl = renamed_impl(impl, stacklevel=4)  # the loss's caller
+    check_choice("impl", impl, choices)
+    return impl
 
 
 def check_embeddings(name: str, x: Array) -> None:

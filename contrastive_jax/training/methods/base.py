@@ -4,7 +4,8 @@ The ``loss`` block of a config (:class:`LossSettings`)::
 
     name         "nt_xent" (SimCLR) | "moco" | "clip" | "siglip"
     temperature  fixed tau for nt_xent and moco (a learnable one: model.learn_temperature)
-    impl         single-device loss: "tiled" | "analytic" | "autodiff" (see clip_loss / nt_xent)
+    impl         single-device loss: "tiled" | "dense_vjp" | "autodiff" (see clip_loss / nt_xent;
+                 "analytic", the old name of "dense_vjp", is a deprecated alias)
     strategy     "" (the single-device loss on the global arrays, partitioned by XLA) or a
                  sharded strategy: "all_gather" | "all_gather_no_grad" | "ring" (shard_map over
                  the mesh's data axis; exact negatives across devices,
@@ -38,9 +39,10 @@ from jax.sharding import Mesh
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses.sharded import STRATEGIES
 from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.losses.validation import renamed_impl
 
 LOSSES = ("nt_xent", "moco", "clip", "siglip")
-IMPLS = ("tiled", "analytic", "autodiff")
+IMPLS = ("tiled", "dense_vjp", "autodiff")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,8 @@ class LossSettings:
                 raise ConfigError(f"loss.{field} must be a {kind.__name__}; got {value!r}")
         if self.name not in LOSSES:
             raise ConfigError(f"unknown loss {self.name!r}; valid: {list(LOSSES)}")
+        # a deprecated impl name (a DeprecationWarning) -> its new name
+        object.__setattr__(self, "impl", renamed_impl(self.impl, stacklevel=4))
         if self.impl not in IMPLS:
             raise ConfigError(f"unknown loss.impl {self.impl!r}; valid: {list(IMPLS)}")
         if self.strategy and self.strategy not in STRATEGIES:
@@ -76,7 +80,7 @@ class LossSettings:
         if self.strategy and self.name == "moco":
             raise ConfigError("loss.strategy applies to nt_xent, clip and siglip; moco's queue "
                               "loss runs on the global arrays (set loss.strategy = '')")
-        if self.name == "siglip" and (self.impl == "analytic"
+        if self.name == "siglip" and (self.impl == "dense_vjp"
                                       or self.strategy == "all_gather_no_grad"):
             raise ConfigError(f"siglip runs with impl 'tiled' or 'autodiff' and strategy '', "
                               f"'all_gather' or 'ring'; got impl={self.impl!r}, "
