@@ -35,7 +35,7 @@ seeds = st.integers(0, 2**16)
 
 
 @given(sizes, seeds, st.floats(0.5, 30.0))
-def test_p6_gamma_sums_to_zero_with_negative_diagonal(shape, seed, scale):
+def test_gamma_sums_to_zero_with_negative_diagonal(shape, seed, scale):
     n, _ = shape
     with jax.enable_x64(True):
         z = scale * np.random.default_rng(seed).normal(size=(n, n))
@@ -50,7 +50,7 @@ def test_p6_gamma_sums_to_zero_with_negative_diagonal(shape, seed, scale):
 
 
 @given(sizes, seeds, st.floats(0.01, 100.0))
-def test_p7_scale_invariance(shape, seed, alpha):
+def test_anchor_grad_scale_invariance(shape, seed, alpha):
     k, d = shape
     with jax.enable_x64(True):
         rng = np.random.default_rng(seed)
@@ -68,7 +68,7 @@ _log_scale_grad = jax.jit(jax.grad(lambda c, t: info_nce((c * jnp.exp(t))[None],
 
 
 @given(sizes, seeds, st.floats(-3.0, 3.0))
-def test_p8_log_scale_grad_is_negative_iff_positive_beats_weighted_average(shape, seed, t):
+def test_log_scale_grad_is_negative_iff_positive_beats_weighted_average(shape, seed, t):
     k, _ = shape
     with jax.enable_x64(True):
         c = np.random.default_rng(seed).uniform(-1.0, 1.0, size=k)
@@ -78,7 +78,7 @@ def test_p8_log_scale_grad_is_negative_iff_positive_beats_weighted_average(shape
         assert np.sign(float(dl_dt)) == -np.sign(margin)
 
 
-def test_p10_dot_product_loss_decreases_along_the_ray_when_positive_leads():
+def test_dot_product_loss_decreases_along_the_ray_when_positive_leads():
     with jax.enable_x64(True):
         v = jax.random.normal(jax.random.key(0), (6, 5), jnp.float64)
         u = v[2] + 0.1 * jax.random.normal(jax.random.key(1), (5,), jnp.float64)
@@ -94,7 +94,7 @@ def test_p10_dot_product_loss_decreases_along_the_ray_when_positive_leads():
 
 
 @pytest.mark.parametrize("positive_leads", [True, False])
-def test_p5_low_temperature_limit_is_the_hinge(positive_leads):
+def test_low_temperature_limit_is_the_hinge(positive_leads):
     with jax.enable_x64(True):
         c = jnp.array([0.3, -0.2, 0.5, 0.1]) if not positive_leads else jnp.array(
             [0.6, -0.2, 0.5, 0.1])
@@ -110,7 +110,7 @@ def test_p5_low_temperature_limit_is_the_hinge(positive_leads):
                                    atol=1e-9)
 
 
-def test_p5_high_temperature_weights_become_uniform_and_gradient_vanishes():
+def test_high_temperature_weights_become_uniform_and_gradient_vanishes():
     c = jnp.array([0.9, -0.5, 0.2])
     for tau in (1e2, 1e4):
         p = jax.nn.softmax(c / tau)
@@ -121,12 +121,12 @@ def test_p5_high_temperature_weights_become_uniform_and_gradient_vanishes():
                                [-2 / 3, 1 / 3, 1 / 3], rtol=1e-6)
 
 
-def test_p5_weight_ratio_examples_of_the_text():
+def test_weight_ratio_examples_of_derivations_7_1():
     np.testing.assert_allclose(anchor.softmax_weight_ratio(0.3, 0.2, 0.1), np.e, rtol=1e-5)
     np.testing.assert_allclose(anchor.softmax_weight_ratio(0.3, 0.2, 0.01), 22026.47, rtol=1e-4)
 
 
-def test_p2_gradient_norm_and_orthogonality():
+def test_cosine_gradient_norm_and_orthogonality():
     with jax.enable_x64(True):
         u, v = jnp.array([3.0, 0.0, 4.0]), jnp.array([1.0, 2.0, -2.0])
         gu, gv = anchor.cosine_grads(u, v)
@@ -136,7 +136,7 @@ def test_p2_gradient_norm_and_orthogonality():
         np.testing.assert_allclose(jnp.dot(v, gv), 0.0, atol=1e-15)
 
 
-def test_p4_positive_pulled_negatives_pushed():
+def test_candidate_grads_pull_the_positive_push_the_negatives():
     u = jnp.array([1.0, 0.2, 0.0])
     v = jnp.array([[1.0, 0.0, 0.5], [0.0, 1.0, 0.0], [-1.0, 0.3, 0.2]])
     grads = anchor.infonce_candidate_grads(u, v, 0, 0.1)

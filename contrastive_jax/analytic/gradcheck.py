@@ -65,39 +65,39 @@ def _sym_loss_on_logits(z):
 # ----------------------------------------------------------------------------- checks
 
 
-def _p1_logits(key, dtype, n, d):
+def _anchor_logit_grad(key, dtype, n, d):
     z = 3.0 * jax.random.normal(key, (n,), dtype)
     pos = jnp.asarray(n // 2)
     return anchor.infonce_logit_grad(z, pos), jax.grad(
         lambda z: info_nce(z[None], pos[None]))(z)
 
 
-def _p1_similarities(key, dtype, n, d):
+def _anchor_similarity_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     c = anchor.cosine_similarities(u, v)
     return anchor.infonce_similarity_grad(c, pos, tau), jax.grad(
         lambda c: info_nce((c / tau)[None], pos[None]))(c)
 
 
-def _p2_cosine(key, dtype, n, d):
+def _cosine_grads(key, dtype, n, d):
     u, v, _, _ = _draws(key, dtype, 1, d)
     cos = lambda a, b: jnp.dot(l2_normalize(a), l2_normalize(b))  # noqa: E731
     formula = jnp.concatenate(anchor.cosine_grads(u, v[0]))
     return formula, jnp.concatenate(jax.grad(cos, argnums=(0, 1))(u, v[0]))
 
 
-def _p3_anchor(key, dtype, n, d):
+def _anchor_embedding_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     return anchor.infonce_anchor_grad(u, v, pos, tau), jax.grad(_anchor_loss)(u, v, pos, tau)
 
 
-def _p4_candidates(key, dtype, n, d):
+def _candidate_grads(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     return (anchor.infonce_candidate_grads(u, v, pos, tau),
             jax.grad(_anchor_loss, argnums=1)(u, v, pos, tau))
 
 
-def _p5_ratio(key, dtype, n, d):
+def _softmax_weight_ratio(key, dtype, n, d):
     u, v, tau, _ = _draws(key, dtype, n, d)
     c = anchor.cosine_similarities(u, v)
     p = jax.nn.softmax(c / tau)
@@ -110,30 +110,30 @@ def _separated(key, dtype, n):
     return c.at[n // 3].set(0.8)
 
 
-def _p5_low_grad(key, dtype, n, d):
+def _low_temperature_grad(key, dtype, n, d):
     c, tau, pos = _separated(key, dtype, n), 0.004, jnp.asarray(0)  # exp(-0.2/tau) ~ 2e-22
     return anchor.low_temperature_grad_limit(c, pos, tau), jax.grad(
         lambda c: info_nce((c / tau)[None], pos[None]))(c)
 
 
-def _p5_low_loss(key, dtype, n, d):
+def _low_temperature_loss(key, dtype, n, d):
     c, tau, pos = _separated(key, dtype, n), 0.004, jnp.asarray(0)
     loss = info_nce((c / tau)[None], pos[None])
     return anchor.low_temperature_loss_limit(c, pos, tau)[None], loss[None]
 
 
-def _p5_high_grad(key, dtype, n, d):
+def _high_temperature_grad(key, dtype, n, d):
     c, tau, pos = _separated(key, dtype, n), 1e13, jnp.asarray(1)
     return anchor.high_temperature_grad_limit(n, pos, tau).astype(dtype), jax.grad(
         lambda c: info_nce((c / tau)[None], pos[None]))(c)
 
 
-def _p6_gamma(key, dtype, n, d):
+def _symmetric_logit_grad(key, dtype, n, d):
     z = 5.0 * jax.random.normal(key, (n, n), dtype)
     return batch.symmetric_logit_grad(z), jax.grad(_sym_loss_on_logits)(z)
 
 
-def _a126_rows(key, dtype, n, d):
+def _row_logit_grad(key, dtype, n, d):
     z = 5.0 * jax.random.normal(key, (n, n), dtype)
     return batch.row_logit_grad(z), jax.grad(lambda z: info_nce(z, jnp.arange(n)))(z)
 
@@ -145,27 +145,27 @@ def _unit_pair(key, dtype, n, d):
     return u, v, jax.random.uniform(kt, (), dtype, 0.05, 1.0)
 
 
-def _a127_anchor_rows(key, dtype, n, d):
+def _one_directional_anchor_grads(key, dtype, n, d):
     u, v, tau = _unit_pair(key, dtype, n, d)
     loss = lambda u: info_nce(similarities(u, v) / tau, jnp.arange(n))  # noqa: E731
     return batch.one_directional_anchor_grads(u, v, tau), jax.grad(loss)(u)
 
 
-def _p7_rescaled(key, dtype, n, d):
+def _rescaled_anchor_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     alpha = 7.5
     return (anchor.rescaled_anchor_grad(anchor.infonce_anchor_grad(u, v, pos, tau), alpha),
             jax.grad(_anchor_loss)(alpha * u, v, pos, tau))
 
 
-def _p7_orthogonal(key, dtype, n, d):
+def _anchor_grad_orthogonal_to_anchor(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     g = jax.grad(_anchor_loss)(u, v, pos, tau)
     residual = jnp.dot(u, g) / (jnp.linalg.norm(u) * jnp.linalg.norm(g))
     return jnp.zeros((1,), dtype), residual[None]
 
 
-def _p7_weight(key, dtype, n, d):
+def _linear_weight_grad(key, dtype, n, d):
     kw, kx, k = jax.random.split(key, 3)
     _, v, tau, pos = _draws(k, dtype, n, d)
     w = jax.random.normal(kw, (d, d + 3), dtype)
@@ -174,21 +174,21 @@ def _p7_weight(key, dtype, n, d):
     return formula, jax.grad(lambda w: _anchor_loss(w @ x, v, pos, tau))(w)
 
 
-def _p8_tau(key, dtype, n, d):
+def _temperature_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     c = anchor.cosine_similarities(u, v)
     autodiff = jax.grad(lambda t: info_nce((c / t)[None], pos[None]))(tau)
     return anchor.temperature_grad(c, pos, tau)[None], autodiff[None]
 
 
-def _p8_log_scale(key, dtype, n, d):
+def _anchor_log_scale_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     c, t = anchor.cosine_similarities(u, v), -jnp.log(tau)
     autodiff = jax.grad(lambda t: info_nce((c * jnp.exp(t))[None], pos[None]))(t)
     return anchor.log_scale_grad(c, pos, t)[None], autodiff[None]
 
 
-def _p8_clip_log_scale(key, dtype, n, d):
+def _clip_log_scale_grad(key, dtype, n, d):
     u, v, tau = _unit_pair(key, dtype, n, d)
     log_s = -jnp.log(tau)
     z = similarities(u, v) / tau
@@ -197,7 +197,7 @@ def _p8_clip_log_scale(key, dtype, n, d):
     return formula[None], autodiff[None]
 
 
-def _p9_unit(key, dtype, n, d):
+def _normalized_embedding_grads(key, dtype, n, d):
     u, v, tau = _unit_pair(key, dtype, n, d)
     z = similarities(u, v) / tau
     formula = batch.normalized_embedding_grads(u, v, batch.symmetric_logit_grad(z), 1 / tau)
@@ -206,7 +206,7 @@ def _p9_unit(key, dtype, n, d):
     return jnp.concatenate(formula), jnp.concatenate(autodiff)
 
 
-def _p9_raw(key, dtype, n, d):
+def _raw_embedding_grads(key, dtype, n, d):
     ku, kv, kt = jax.random.split(key, 3)
     u = 3.0 * jax.random.normal(ku, (n, d), dtype)
     v = 0.5 * jax.random.normal(kv, (n, d), dtype)
@@ -216,21 +216,21 @@ def _p9_raw(key, dtype, n, d):
     return jnp.concatenate(formula), jnp.concatenate(autodiff)
 
 
-def _a128_projection(key, dtype, n, d):
+def _projection_through_normalization(key, dtype, n, d):
     kx, kg = jax.random.split(key)
     x = 2.0 * jax.random.normal(kx, (n, d), dtype)
     g = jax.random.normal(kg, (n, d), dtype)
     return batch.project_through_normalization(x, g), jax.vjp(l2_normalize, x)[1](g)[0]
 
 
-def _p10_grad(key, dtype, n, d):
+def _dot_product_anchor_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     u = 0.3 * u
     loss = lambda u: info_nce((v @ u / tau)[None], pos[None])  # noqa: E731
     return anchor.dot_product_anchor_grad(u, v, pos, tau), jax.grad(loss)(u)
 
 
-def _p10_ray(key, dtype, n, d):
+def _dot_product_ray_derivative(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     u = 0.3 * u
     loss = lambda a: info_nce((v @ (a * u) / tau)[None], pos[None])  # noqa: E731
@@ -273,32 +273,35 @@ def _normalize_vjp(key, dtype, n, d):
 
 
 CHECKS: tuple[Check, ...] = (
-    Check("grad_z l = p - y", "derivations §4.2", _p1_logits),
-    Check("grad_c l = (p - y)/tau", "derivations §4.3", _p1_similarities),
-    Check("grad_u c, grad_v c (cosine)", "derivations §3.1", _p2_cosine),
-    Check("grad_u l (anchor)", "derivations §4.4", _p3_anchor),
-    Check("grad_{v_j} l (candidates)", "derivations §4.5", _p4_candidates),
-    Check("p_j/p_k = exp((c_j - c_k)/tau)", "derivations §7.1", _p5_ratio),
-    Check("tau->0 grad (e_j* - e_pos)/tau, tau=0.004", "derivations §7.2", _p5_low_grad),
-    Check("tau->0 loss hinge/tau, tau=0.004", "derivations §7.2", _p5_low_loss),
-    Check("tau->inf grad (1/K - y)/tau, tau=1e13", "derivations §7.3", _p5_high_grad),
-    Check("Gamma = (P_r + P_c - 2I)/(2N)", "derivations §8.3", _p6_gamma),
-    Check("dL_x->y/dS = (P - I)/B", "derivations §8.2", _a126_rows),
+    Check("grad_z l = p - y", "derivations §4.2", _anchor_logit_grad),
+    Check("grad_c l = (p - y)/tau", "derivations §4.3", _anchor_similarity_grad),
+    Check("grad_u c, grad_v c (cosine)", "derivations §3.1", _cosine_grads),
+    Check("grad_u l (anchor)", "derivations §4.4", _anchor_embedding_grad),
+    Check("grad_{v_j} l (candidates)", "derivations §4.5", _candidate_grads),
+    Check("p_j/p_k = exp((c_j - c_k)/tau)", "derivations §7.1", _softmax_weight_ratio),
+    Check("tau->0 grad (e_j* - e_pos)/tau, tau=0.004", "derivations §7.2", _low_temperature_grad),
+    Check("tau->0 loss hinge/tau, tau=0.004", "derivations §7.2", _low_temperature_loss),
+    Check("tau->inf grad (1/K - y)/tau, tau=1e13", "derivations §7.3", _high_temperature_grad),
+    Check("Gamma = (P_r + P_c - 2I)/(2N)", "derivations §8.3", _symmetric_logit_grad),
+    Check("dL_x->y/dS = (P - I)/B", "derivations §8.2", _row_logit_grad),
     Check("grad_{u_i} L_x->y = (sum_j p_ij v_j - v_i)/(B tau)",
-          "derivations §8.2", _a127_anchor_rows),
-    Check("grad l(alpha u) = grad l(u)/alpha", "derivations §12.1", _p7_rescaled),
+          "derivations §8.2", _one_directional_anchor_grads),
+    Check("grad l(alpha u) = grad l(u)/alpha", "derivations §12.1", _rescaled_anchor_grad),
     Check("u . grad_u l = 0 (residual u.g/|u||g|)",
-          "derivations §12.1", _p7_orthogonal, identity=True),
-    Check("grad_W l = (grad_u l) x^T", "derivations §12.2", _p7_weight),
-    Check("dl/dtau = (c_pos - sum p c)/tau^2", "derivations §7.4", _p8_tau),
-    Check("dl/dt = (sum p c - c_pos)/tau, tau = e^-t", "derivations §7.5", _p8_log_scale),
-    Check("clip dL/dlog_scale = sum Gamma * Z", "derivations §8.5", _p8_clip_log_scale),
+          "derivations §12.1", _anchor_grad_orthogonal_to_anchor, identity=True),
+    Check("grad_W l = (grad_u l) x^T", "derivations §12.2", _linear_weight_grad),
+    Check("dl/dtau = (c_pos - sum p c)/tau^2", "derivations §7.4", _temperature_grad),
+    Check("dl/dt = (sum p c - c_pos)/tau, tau = e^-t", "derivations §7.5", _anchor_log_scale_grad),
+    Check("clip dL/dlog_scale = sum Gamma * Z", "derivations §8.5", _clip_log_scale_grad),
     Check("grad_U_hat = Gamma V_hat/tau, grad_V_hat = Gamma^T U_hat/tau",
-          "derivations §8.4", _p9_unit),
-    Check("grad_u_i through normalisation (full clip backward)", "derivations §8.4", _p9_raw),
-    Check("(I - u_hat u_hat^T) g/|u|", "derivations §2.2", _a128_projection),
-    Check("dot-product grad_u l = sum (p - y) v/tau", "derivations §12.4", _p10_grad),
-    Check("dot-product d l(alpha u)/d alpha = sum p z - z_pos", "derivations §12.4", _p10_ray),
+          "derivations §8.4", _normalized_embedding_grads),
+    Check("grad_u_i through normalisation (full clip backward)", "derivations §8.4",
+          _raw_embedding_grads),
+    Check("(I - u_hat u_hat^T) g/|u|", "derivations §2.2", _projection_through_normalization),
+    Check("dot-product grad_u l = sum (p - y) v/tau", "derivations §12.4",
+          _dot_product_anchor_grad),
+    Check("dot-product d l(alpha u)/d alpha = sum p z - z_pos", "derivations §12.4",
+          _dot_product_ray_derivative),
     Check("NT-Xent dL/dS = (P - Y)/(2N), self masked", "derivations §9.2", _nt_xent_logits),
     Check("clip_loss impl='dense_vjp' backward (x, y, log_scale)",
           "derivations §8.6",

@@ -24,7 +24,7 @@ from contrastive_jax.losses.validation import (
     check_pair,
     check_positive,
     check_scalar,
-    compute_dtype,
+    loss_dtype,
 )
 
 Array = jax.Array
@@ -104,7 +104,7 @@ def clip_loss(
     check_choice("direction", direction, DIRECTIONS)
     impl = check_impl(impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
-    dtype = compute_dtype(x, y)
+    dtype = loss_dtype(x, y)
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
     log_scale = jnp.asarray(log_scale).astype(dtype)
     n = x.shape[0]

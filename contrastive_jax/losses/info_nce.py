@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from contrastive_jax.errors import InputError
-from contrastive_jax.losses.validation import check_has_negatives, compute_dtype
+from contrastive_jax.losses.validation import check_has_negatives, loss_dtype
 
 Array = jax.Array
 
@@ -88,7 +88,7 @@ def info_nce(logits: Array, positives: Array) -> Array:
         )
     num_anchors, num_candidates = shape
     check_has_negatives("logits", num_candidates, what="number of candidates (axis 1)")
-    logits = jnp.asarray(logits, compute_dtype(logits))
+    logits = jnp.asarray(logits, loss_dtype(logits))
     pos_mask = positive_mask(positives, num_anchors, num_candidates)
     return jnp.mean(row_losses(logits, pos_mask))
 

@@ -15,7 +15,7 @@ from contrastive_jax.losses.validation import (
     check_embeddings,
     check_pair,
     check_positive,
-    compute_dtype,
+    loss_dtype,
 )
 
 Array = jax.Array
@@ -62,7 +62,7 @@ def moco_infonce(q: Array, k: Array, queue: Array, temperature: Array | float) -
     if jnp.shape(queue)[0] < 1:
         raise InputError("queue is empty: MoCo needs at least one negative key in the queue.")
     check_positive("temperature", temperature)
-    dtype = compute_dtype(q, k, queue)
+    dtype = loss_dtype(q, k, queue)
     q_hat = l2_normalize(jnp.asarray(q).astype(dtype))
     k_hat = lax.stop_gradient(l2_normalize(jnp.asarray(k).astype(dtype)))
     queue_hat = lax.stop_gradient(l2_normalize(jnp.asarray(queue).astype(dtype)))

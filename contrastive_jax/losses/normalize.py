@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.validation import compute_dtype
+from contrastive_jax.losses.validation import loss_dtype
 
 Array = jax.Array
 
@@ -42,7 +42,7 @@ def l2_normalize(x: Array, axis: int = -1, eps: float = DEFAULT_EPS) -> Array:
       [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
     """
     dtype = jnp.result_type(x)
-    xc = jnp.asarray(x, compute_dtype(x))
+    xc = jnp.asarray(x, loss_dtype(x))
     return (xc / jnp.expand_dims(clamped_norms(xc, axis, eps), axis)).astype(dtype)
 
 

@@ -19,7 +19,7 @@ from contrastive_jax.losses.validation import (
     check_impl,
     check_pair,
     check_positive,
-    compute_dtype,
+    loss_dtype,
 )
 
 Array = jax.Array
@@ -95,7 +95,7 @@ def nt_xent(
     if not normalize and impl != "autodiff":
         raise InputError(f"normalize=False (dot-product logits) is implemented by "
                          f"impl='autodiff' only; got impl={impl!r}")
-    dtype = compute_dtype(z1, z2)
+    dtype = loss_dtype(z1, z2)
     z1, z2 = jnp.asarray(z1).astype(dtype), jnp.asarray(z2).astype(dtype)
     temperature = jnp.asarray(temperature).astype(dtype)
     n = z1.shape[0]

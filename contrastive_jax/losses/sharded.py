@@ -78,7 +78,7 @@ from contrastive_jax.losses.validation import (
     check_pair,
     check_positive,
     check_scalar,
-    compute_dtype,
+    loss_dtype,
 )
 from contrastive_jax.mesh import DATA_AXIS, check_divisible
 
@@ -95,7 +95,7 @@ def _prepare(x, y, ids, axis_name, axis_size, strategy, block_size):
     indices)."""
     check_choice("strategy", strategy, STRATEGIES)
     block = check_block_size(block_size, "tiled", DEFAULT_BLOCK_SIZE)
-    dtype = compute_dtype(x, y)
+    dtype = loss_dtype(x, y)
     exchange = RowExchange(strategy, axis_name, axis_size)
     n = jnp.shape(x)[0]
     ids = default_ids(n, exchange) if ids is None else jnp.asarray(ids)

@@ -22,7 +22,7 @@ from contrastive_jax.losses.validation import (
     check_pair,
     check_positive,
     check_scalar,
-    compute_dtype,
+    loss_dtype,
 )
 
 Array = jax.Array
@@ -74,7 +74,7 @@ def siglip_loss(x: Array, y: Array, log_scale: Array | float, bias: Array | floa
     impl = check_impl(impl, IMPLS)
     block_size = check_block_size(block_size, impl, DEFAULT_BLOCK_SIZE)
     check_ids("positive_ids", positive_ids, jnp.shape(x)[0])
-    dtype = compute_dtype(x, y)
+    dtype = loss_dtype(x, y)
     x, y = jnp.asarray(x).astype(dtype), jnp.asarray(y).astype(dtype)
     log_scale, bias = jnp.asarray(log_scale).astype(dtype), jnp.asarray(bias).astype(dtype)
     n = x.shape[0]

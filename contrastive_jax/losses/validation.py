@@ -21,7 +21,7 @@ from contrastive_jax.errors import InputError
 Array = jax.Array
 
 
-def compute_dtype(*arrays: Array) -> jnp.dtype:
+def loss_dtype(*arrays: Array) -> jnp.dtype:
     """The dtype the losses compute in: float32, or float64 if an input is float64.
 
     bfloat16 and float16 embeddings are promoted to float32 before the logits and the log-sum-exp

@@ -76,11 +76,12 @@ def _no_cotangent(ids: Array):
     return np.zeros(ids.shape, dtype=jax.dtypes.float0)
 
 
-def _scale(third: Array, setup: Setup) -> Array:
-    """CLIP: the clipped ``exp(log_scale)``; NT-Xent: ``1 / temperature``."""
+def _logit_scale(scale_param: Array, setup: Setup) -> Array:
+    """The logit scale ``s`` from the loss's scale parameter: CLIP's clipped
+    ``exp(log_scale)``, NT-Xent's ``1 / temperature``."""
     if setup.kind == "nt_xent":
-        return 1.0 / third
-    return logit_scale(third, setup.max_scale)
+        return 1.0 / scale_param
+    return logit_scale(scale_param, setup.max_scale)
 
 
 def _total(x: Array, setup: Setup) -> int:
@@ -91,10 +92,14 @@ def _total(x: Array, setup: Setup) -> int:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def infonce_tiled(x: Array, y: Array, third: Array, ids: Array, setup: Setup) -> Array:
-    """CLIP (``third``: the log-scale) or NT-Xent (``third``: the temperature) of the global
-    batch, from this device's rows ``x``, ``y`` (n, d) and their ids (n,)."""
-    return _infonce_fwd(x, y, third, ids, setup)[0]
+def infonce_tiled(x: Array, y: Array, scale_param: Array, ids: Array, setup: Setup) -> Array:
+    """CLIP or NT-Xent (``setup.kind``) of the global batch, from this device's rows ``x``, ``y``
+    (n, d) and their ids (n,).
+
+    ``scale_param`` is the scalar the logit scale comes from, and whose gradient is returned:
+    CLIP's ``log_scale`` (``s = min(exp(log_scale), max_scale)``) or NT-Xent's ``temperature``
+    (``s = 1 / temperature``)."""
+    return _infonce_fwd(x, y, scale_param, ids, setup)[0]
 
 
 def _clip_stats(X: Chunk, Y: Chunk, scale, setup: Setup):
@@ -156,8 +161,8 @@ def _nt_xent_stats(Z: tuple[Chunk, Chunk], scale, setup: Setup):
     return tuple(merge_stats(s, a) for s, a in zip(stats, acc, strict=True))
 
 
-def _infonce_fwd(x, y, third, ids, setup: Setup):
-    scale = _scale(third, setup)
+def _infonce_fwd(x, y, scale_param, ids, setup: Setup):
+    scale = _logit_scale(scale_param, setup)
     X, Y = Chunk.of(x, ids), Chunk.of(y, ids)
     if setup.kind == "clip":
         rows, cols = _clip_stats(X, Y, scale, setup)
@@ -168,26 +173,26 @@ def _infonce_fwd(x, y, third, ids, setup: Setup):
     loss = sum(w * jnp.sum(anchor_losses_from_stats(s))
                for s, w in ((rows, w_row), (cols, w_col)) if w)
     loss = setup.exchange.psum(loss) / _total(x, setup)
-    return loss, (x, y, third, ids, rows, cols)
+    return loss, (x, y, scale_param, ids, rows, cols)
 
 
 def _infonce_bwd(setup: Setup, residuals, g):
-    x, y, third, ids, rows, cols = residuals
-    scale = _scale(third, setup)
+    x, y, scale_param, ids, rows, cols = residuals
+    scale = _logit_scale(scale_param, setup)
     X, Y = Chunk.of(x, ids), Chunk.of(y, ids)
     coeff = g / _total(x, setup)
     if setup.kind == "clip":
         rw = weights(rows, coeff * setup.w_row, scale) if setup.w_row else None
         cw = weights(cols, coeff * setup.w_col, scale) if setup.w_col else None
         g_x, g_y, total = _clip_grads(X, Y, rw, cw, scale, setup)
-        d_third = jnp.where(clip_active(third, setup.max_scale), 0.0, scale * total)
+        d_scale_param = jnp.where(clip_active(scale_param, setup.max_scale), 0.0, scale * total)
     else:
         rw, cw = weights(rows, coeff * 0.5, scale), weights(cols, coeff * 0.5, scale)
         g_x, g_y, total = _nt_xent_grads((X, Y), (rw, cw), scale, setup)
-        d_third = -total * scale * scale  # dL/dtau = dL/ds * (-1 / tau^2)
+        d_scale_param = -total * scale * scale  # dL/dtau = dL/ds * (-1 / tau^2)
     g_x = l2_normalize_vjp_blockwise(X, g_x, scale, setup.block)
     g_y = l2_normalize_vjp_blockwise(Y, g_y, scale, setup.block)
-    return g_x, g_y, d_third.astype(third.dtype), _no_cotangent(ids)
+    return g_x, g_y, d_scale_param.astype(scale_param.dtype), _no_cotangent(ids)
 
 
 def _clip_grads(X: Chunk, Y: Chunk, rw, cw, scale, setup: Setup):
