@@ -353,8 +353,8 @@ def run_gradcheck(
 ) -> list[dict]:
     """One row per check: name, source, max relative error in float32 and in float64.
 
-    ``progress(i, total, row)`` is called after each row (the checks compile for every shape,
-    so a full table takes about a minute on two CPU cores).
+    ``progress(i, total, row)`` is called after each row (each check compiles once per
+    shape and dtype).
     """
     rows = []
     for i, check in enumerate(CHECKS):

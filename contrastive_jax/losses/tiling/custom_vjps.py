@@ -46,9 +46,8 @@ from contrastive_jax.losses.tiling.tile_loops import (
 
 Array = jax.Array
 
-# Rows per tile. On 2 CPU cores, CLIP at N = 16384, d = 512 (experiments/results/block_sweep.md):
-# 1024 ran in 3.1 s against 3.9 s for 512 and 3.4 s for 2048 (whose tiles add 40 MB of
-# scratch). 1024 keeps a tile at 4 MB of float32.
+# Rows per tile: a (b, b) float32 tile of logits is 4 b^2 bytes in flight; the block sweep
+# behind this choice is in docs/benchmarks.md ("Block size").
 DEFAULT_BLOCK_SIZE = 1024
 
 
