@@ -102,3 +102,74 @@ def test_experiment_helpers_are_outside_the_package():
         tops = {target.split(".")[0] for target in imports(path, name)}
         assert "matplotlib" not in tops, f"{name} imports matplotlib"
         assert "common" not in tops, f"{name} imports the experiments' helpers"
+
+
+# --------------------------------------------------------- rooms of the losses and analytic
+# Inside the losses layer (and the analytic package above it), which room may import which.
+# A module belongs to the room of its longest matching prefix; an import between two rooms
+# that is not an arrow of LOSS_ARROWS fails (imports inside a room are free).
+LOSS_ROOMS = {
+    "contrastive_jax.losses": "public losses",  # info_nce, clip, nt_xent, moco, siglip, ...
+    "contrastive_jax.losses.normalize": "shared pieces",
+    "contrastive_jax.losses.similarity": "shared pieces",
+    "contrastive_jax.losses.temperature": "shared pieces",
+    "contrastive_jax.losses.validation": "shared pieces",
+    "contrastive_jax.losses.tiling": "tiling",  # the subpackage's docstring
+    "contrastive_jax.losses.tiling.tile": "tiling.tile",
+    "contrastive_jax.losses.tiling.row_exchange": "tiling.row_exchange",
+    "contrastive_jax.losses.tiling.tile_loops": "tiling.tile_loops",
+    "contrastive_jax.losses.tiling.custom_vjps": "tiling.custom_vjps",
+    "contrastive_jax.analytic": "analytic",
+}
+LOSS_ARROWS = {  # room -> the rooms it may import
+    "shared pieces": set(),
+    "tiling": set(),
+    "tiling.tile": {"shared pieces"},
+    "tiling.row_exchange": {"tiling.tile"},
+    "tiling.tile_loops": {"tiling.tile", "shared pieces"},
+    "tiling.custom_vjps": {"tiling.tile", "tiling.row_exchange", "tiling.tile_loops",
+                           "shared pieces"},
+    # the engine's entry points, and RowExchange for its settings; never the loops or a tile
+    "public losses": {"tiling.custom_vjps", "tiling.row_exchange", "shared pieces"},
+    # closed forms check the public losses; the engine's internals are not theirs to use
+    "analytic": {"public losses", "shared pieces"},
+}
+
+
+def loss_room(module: str) -> str | None:
+    matches = [(len(p), room) for p, room in LOSS_ROOMS.items()
+               if module == p or module.startswith(p + ".")]
+    return max(matches)[1] if matches else None
+
+
+def loss_room_violations(arrows) -> list[str]:
+    """The ``(importer, imported)`` module pairs that no arrow of :data:`LOSS_ARROWS` allows."""
+    bad = []
+    for source, target in arrows:
+        a, b = loss_room(source), loss_room(target)
+        if a is not None and b is not None and a != b and b not in LOSS_ARROWS[a]:
+            bad.append(f"{source} ({a}) imports {target} ({b})")
+    return sorted(bad)
+
+
+def test_the_losses_rooms_import_only_along_their_arrows():
+    known = {name for name, _ in modules()}
+    arrows = set()
+    for name, path in modules():
+        for target in set(imports(path, name)):
+            if not target.startswith("contrastive_jax"):
+                continue
+            while target not in known and "." in target:  # ``pkg.module.symbol`` -> module
+                target = target.rpartition(".")[0]
+            arrows.add((name, target))
+    assert not loss_room_violations(arrows), "\n".join(loss_room_violations(arrows))
+    # every room of the table holds a module, and the check does catch an arrow it forbids
+    assert {loss_room(name) for name in known} >= set(LOSS_ARROWS)
+    assert loss_room_violations({("contrastive_jax.losses.tiling.custom_vjps",
+                                  "contrastive_jax.losses.clip"),
+                                 ("contrastive_jax.analytic.gradcheck",
+                                  "contrastive_jax.losses.tiling.tile")}) == [
+        "contrastive_jax.analytic.gradcheck (analytic) imports "
+        "contrastive_jax.losses.tiling.tile (tiling.tile)",
+        "contrastive_jax.losses.tiling.custom_vjps (tiling.custom_vjps) imports "
+        "contrastive_jax.losses.clip (public losses)"]
