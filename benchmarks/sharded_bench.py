@@ -38,7 +38,8 @@ STRATEGIES = ("all_gather", "all_gather_no_grad", "ring")
 
 
 def loss_fn(loss: str, strategy: str, mesh, block: int):
-    """``f(x, y, third)`` for ``value_and_grad``, and the third argument's value."""
+    """``f(x, y, scale_param)`` for ``value_and_grad``, and the scale parameter's value (CLIP
+    and SigLIP: the log-scale; NT-Xent: the temperature)."""
     import jax.numpy as jnp
 
     from contrastive_jax.losses.sharded import (
@@ -67,10 +68,10 @@ def flat_memory(loss: str, rows_per_device: int, d: int, block: int, devices: in
     from traffic import ring_memory_bound
 
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
-    fn, third = loss_fn(loss, "ring", mesh, block)
+    fn, scale_param = loss_fn(loss, "ring", mesh, block)
     spec = jax.ShapeDtypeStruct((rows_per_device * devices, d), jnp.float32)
     compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(spec, spec,
-                                                                      third).compile()
+                                                                      scale_param).compile()
     return {"loss": loss, "D": devices, "rows": rows_per_device,
             "scratch_mb": compiled.memory_analysis().temp_size_in_bytes / 2**20,
             "bound_mb": ring_memory_bound(loss, rows_per_device * devices, devices, d,
@@ -90,15 +91,15 @@ def run(loss: str, strategy: str, n_total: int, d: int, devices: int, block: int
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((rows, d), dtype=np.float32))
     y = jnp.asarray(rng.standard_normal((rows, d), dtype=np.float32))
-    fn, third = loss_fn(loss, strategy, mesh, block)
-    compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, third).compile()
+    fn, scale_param = loss_fn(loss, strategy, mesh, block)
+    compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2))).lower(x, y, scale_param).compile()
     mem = compiled.memory_analysis()
     hlo = compiled.as_text()
-    jax.block_until_ready(compiled(x, y, third))
+    jax.block_until_ready(compiled(x, y, scale_param))
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        jax.block_until_ready(compiled(x, y, third))
+        jax.block_until_ready(compiled(x, y, scale_param))
         times.append(time.perf_counter() - start)
     return {
         "loss": loss, "strategy": strategy, "N": n_total, "time_s": float(np.median(times)),
