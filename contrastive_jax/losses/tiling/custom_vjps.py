@@ -228,7 +228,7 @@ def _clip_grads(X: Chunk, Y: Chunk, rw, cw, scale, setup: Setup):
         return g_yk, (g_x, total + part)
 
     ((g_x,), total), (g_y,) = meet_payloads(exchange, (Y, cw), (zeros[1],), body,
-                                    ((zeros[0],), jnp.zeros((), X.x.dtype)))
+                                            ((zeros[0],), jnp.zeros((), X.x.dtype)))
     return g_x, g_y, exchange.psum(total)
 
 

@@ -85,8 +85,8 @@ def _reduce_sum(stacked, exchange: RowExchange):
                         stacked)
 
 
-def meet_payloads(exchange: RowExchange, payload, acc, body: Callable, carry, *, own: bool = True,
-          half: bool = False):
+def meet_payloads(exchange: RowExchange, payload, acc, body: Callable, carry, *,
+                  own: bool = True, half: bool = False):
     """``body(payload, acc, carry, own) -> (acc, carry)`` on every payload this device meets.
 
     ``payload``: this device's (a pytree of arrays); ``acc``: the identity of its accumulator
