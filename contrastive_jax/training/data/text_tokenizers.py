@@ -3,7 +3,7 @@
 Every tokenizer turns texts into rows ``(n, max_tokens)`` int32 of ``<bos> tokens... <eos>``
 followed by zeros, and **id 0 is padding** (except ``clip_bpe``, below): the text transformer
 masks id 0 out of attention and out of its mean
-(:mod:`contrastive_jax.training.models.transformer`), so no real token may have id 0.
+(:mod:`contrastive_jax.training.models.encoders.transformer`), so no real token may have id 0.
 ``vocab_size`` is the number of embedding rows the text tower needs (the largest id + 1).
 
 Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):

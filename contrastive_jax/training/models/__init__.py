@@ -13,8 +13,8 @@
     model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
 
 The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP are in
-transformer.py; clip_import.py turns a CLIP checkpoint into such a ``dual_encoder`` block and its
-parameters (docs/pretrained.md).
+encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint into such a
+``dual_encoder`` block and its parameters (docs/pretrained.md).
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dual_encoder import DualEncoder
+from contrastive_jax.training.models.encoders import (
+    MLPEncoder,
+    ResNet,
+    SignalCNN,
+    TextTransformer,
+    ViT,
+)
 from contrastive_jax.training.models.heads import ProjectionHead
-from contrastive_jax.training.models.mlp import MLPEncoder
 from contrastive_jax.training.models.precision import compute_dtype
 from contrastive_jax.training.models.remat import check_policy
-from contrastive_jax.training.models.resnet import ResNet
-from contrastive_jax.training.models.signal_cnn import SignalCNN
 from contrastive_jax.training.models.simclr import SimCLR
-from contrastive_jax.training.models.transformer import TextTransformer, ViT
 
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}

@@ -11,7 +11,8 @@ projection heads bfloat16, while
   that cast is float32;
 * LayerNorm and BatchNorm take their mean and variance in float32 (Flax promotes the
   statistics to at least float32) and BatchNorm's running statistics are float32;
-* attention's softmax is float32 (:func:`~contrastive_jax.training.models.transformer.attention`);
+* attention's softmax is float32
+  (:func:`~contrastive_jax.training.models.encoders.transformer.attention`);
 * the embeddings that leave the model for the loss are float32 (:func:`loss_dtype`), so the
   loss's log-sum-exp, softmax and logit scale keep float32 statistics.
 
