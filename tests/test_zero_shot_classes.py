@@ -12,9 +12,10 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training.data import captions, open_split
-from contrastive_jax.training.data import prompt_templates as pt
-from contrastive_jax.training.data.text_tokenizers import load_tokenizer
+from contrastive_jax.training.data import open_split
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text import prompt_templates as pt
+from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
 from contrastive_jax.training.evaluation import (
     frozen_model,
     zero_shot_accuracy,

@@ -80,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
                        "classification": True,  # linear probe + kNN (needs labels)
                        # dual encoders: class prompts of this modality ("signal" | "image",
-                       # contrastive_jax.training.data.captions) for zero-shot accuracy; "" = none
+                       # contrastive_jax/training/data/text/captions.py) for zero-shot; "" = none
                        "zero_shot_prompts": "",
                        # dual encoders: zero-shot with class names (a tuple, a file with one
                        # per line, or "tfds": the ClassLabel names; "" = none) and templates

@@ -29,10 +29,11 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import global_batch
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.augmentations import two_views
-from contrastive_jax.training.data import captions, eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data import prompt_templates as prompts_of
+from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
 from contrastive_jax.training.data.pipeline import resize_center_crop, standard_preprocess
-from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text import prompt_templates as prompts_of
+from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 
 
 def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
@@ -253,7 +254,7 @@ def evaluate(graphdef, state, config, mesh) -> dict:
     Recall@1/5/10 both ways (a candidate is correct when it is the pair's own, or, with
     ``evaluation.retrieval_match`` naming a batch feature, when that feature is equal) and,
     with ``evaluation.zero_shot_prompts`` set to a modality of
-    :func:`contrastive_jax.training.data.captions.class_prompts`, zero-shot accuracy; or, with
+    :func:`contrastive_jax.training.data.text.captions.class_prompts`, zero-shot accuracy; or, with
     ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
     templates (:func:`class_name_zero_shot`).
     """
