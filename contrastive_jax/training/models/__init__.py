@@ -1,4 +1,5 @@
-"""Flax NNX models: encoders, projection heads, SimCLR / MoCo, the CLIP dual encoder.
+"""Flax NNX models: encoders, projection heads, the projected encoder (SimCLR / MoCo), the CLIP
+dual encoder.
 
 :func:`build_model` makes the model a config's ``model`` block describes::
 
@@ -36,8 +37,8 @@ from contrastive_jax.training.models.encoders import (
 )
 from contrastive_jax.training.models.heads import ProjectionHead
 from contrastive_jax.training.models.precision import compute_dtype
+from contrastive_jax.training.models.projected_encoder import ProjectedEncoder
 from contrastive_jax.training.models.remat import check_policy
-from contrastive_jax.training.models.simclr import SimCLR
 
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}
@@ -108,7 +109,7 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
                               dtype=dtype, rngs=rngs, **head)
         options = {k: config[k] for k in ("learn_temperature", "init_temperature")
                    if k in config}
-        return SimCLR(encoder, head, **options)
+        return ProjectedEncoder(encoder, head, **options)
     sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype, remat_policy=policy)
     text = build_encoder(config["text_encoder"], rngs, dtype=dtype, remat_policy=policy)
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias")
@@ -125,5 +126,5 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     return cls(**kwargs, **settings, rngs=rngs)
 
 
-__all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectionHead", "ResNet", "SignalCNN",
-           "SimCLR", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]
+__all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet",
+           "SignalCNN", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]
