@@ -55,7 +55,7 @@ def base_config() -> ml_collections.ConfigDict:
     ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
     ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
-    :func:`contrastive_jax.training.evaluation.frozen_model.evaluate`), ``mesh`` (axis sizes;
+    :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
 :mod:`contrastive_jax.training.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.distributed.launch_settings`; empty: from the environment,
