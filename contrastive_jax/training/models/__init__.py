@@ -36,7 +36,7 @@ from contrastive_jax.training.models.encoders import (
     ViT,
 )
 from contrastive_jax.training.models.heads import ProjectionHead
-from contrastive_jax.training.models.precision import compute_dtype
+from contrastive_jax.training.models.precision import layers_dtype
 from contrastive_jax.training.models.projected_encoder import ProjectedEncoder
 from contrastive_jax.training.models.remat import check_policy
 
@@ -59,7 +59,7 @@ _FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.re
 def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
                   remat_policy: str | None = None) -> nnx.Module:
     """``ENCODERS[config["name"]](**rest, dtype=dtype, remat_policy=...)``; unknown names or
-    arguments say what is valid. ``dtype`` (:func:`.precision.compute_dtype`) and
+    arguments say what is valid. ``dtype`` (:func:`.precision.layers_dtype`) and
     ``remat_policy`` (:mod:`.remat`; ``None``: off) come from the model's settings."""
     config = dict(config)
     name = config.pop("name", None)
@@ -77,7 +77,7 @@ def model_settings(config: Mapping[str, Any]) -> tuple[Any, str | None]:
     """``(compute dtype, remat policy or None)`` of a ``model`` block's ``dtype``, ``remat`` and
     ``remat_policy`` (defaults ``"float32"``, ``False``, ``"nothing_saveable"``); bad values are
     a :class:`ConfigError` naming the valid ones."""
-    dtype = compute_dtype(config.get("dtype", "float32"))
+    dtype = layers_dtype(config.get("dtype", "float32"))
     remat = config.get("remat", False)
     if not isinstance(remat, bool):
         raise ConfigError(f"model.remat must be True or False; got {remat!r}")

@@ -31,7 +31,7 @@ from contrastive_jax.errors import ConfigError
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
-def compute_dtype(name: str) -> jnp.dtype | None:
+def layers_dtype(name: str) -> jnp.dtype | None:
     """The layers' ``dtype`` for ``config.model.dtype = name``: ``None`` (the parameters' own,
     float32) for ``"float32"``, ``jnp.bfloat16`` for ``"bfloat16"``; anything else is a
     :class:`ConfigError` naming the valid names."""
