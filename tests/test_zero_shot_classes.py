@@ -157,8 +157,8 @@ def test_class_names_and_digit_templates_give_the_digit_prompts_result():
     digit_prompts = run_evaluation.prompt_embeddings(graphdef, state8, config, "signal")
     digits = zero_shot_accuracy(pairs["x"], pairs["label"], digit_prompts)
     named = run_evaluation.class_name_prompt_embeddings(graphdef, state8, config,
-                                                      captions.CLASS_NAMES,
-                                                      captions.TEMPLATES["signal"])
+                                                        captions.CLASS_NAMES,
+                                                        captions.TEMPLATES["signal"])
     np.testing.assert_allclose(named, digit_prompts, rtol=1e-6, atol=1e-6)
     config = copy.deepcopy(config)
     config.evaluation.zero_shot.class_names = "tfds"
@@ -223,7 +223,7 @@ def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inp
     source = [{"image": rng.integers(0, 256, (20, 28, 3), dtype=np.uint8), "label": i % 5,
                "extra": np.float32(i)} for i in range(12)]
     x, y = run_evaluation.zero_shot_samples(graphdef, state, config, mesh, source, "image",
-                                          "label", 8)
+                                            "label", 8)
     model = nnx.merge(graphdef, state.params, state.rest)
     images = np.stack([resize_center_crop(e["image"], 32) for e in source]) / np.float32(255)
     np.testing.assert_array_equal(y, [i % 5 for i in range(12)])
@@ -231,7 +231,7 @@ def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inp
                                rtol=1e-5, atol=1e-6)
     names, templates = ("cat", "dog", "sea lion"), pt.resolve_templates("imagenet_selected")
     prompts = run_evaluation.class_name_prompt_embeddings(graphdef, state, config, names,
-                                                        templates)
+                                                          templates)
     tok = load_tokenizer({"kind": "clip_bpe", "path": merges})
     rows = tok.encode([t.format(n) for n in names for t in templates], 12)
     np.testing.assert_allclose(prompts, np.asarray(model.embed_texts(rows)).reshape(3, 7, -1),
