@@ -13,7 +13,7 @@ import ml_collections
 
 from contrastive_jax.training import augmentations, data
 from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
-from contrastive_jax.training.data import captions
+from contrastive_jax.training.data.text import captions
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -3,11 +3,11 @@
     python experiments/mi_bound.py [--out experiments/results/mi_bound] [--seed 0] [--quick]
 
 x ~ N(0, I_20), y = rho x + sqrt(1 - rho^2) eps, I(X; Y) = -(20 / 2) log(1 - rho^2) nats
-(:mod:`contrastive_jax.training.data.correlated_gaussians`). One run per (critic, batch size N)
-steps the true MI through 2, 4, 6, 8, 10 nats, 4000 steps per stage (critic and Adam state
-carried over), a fresh batch every step. The estimate is ``log N - L`` of InfoNCE x -> y on the
-scores ``S_ij = f(x_i, y_j)`` (``mi_lower_bound``, docs/derivations.md §15.1): never above
-log N, below I in expectation (docs/derivations.md §15.3). Critics ([Poole],
+(:mod:`contrastive_jax.training.data.datasets.correlated_gaussians`). One run per (critic,
+batch size N) steps the true MI through 2, 4, 6, 8, 10 nats, 4000 steps per stage (critic and
+Adam state carried over), a fresh batch every step. The estimate is ``log N - L`` of InfoNCE
+x -> y on the scores ``S_ij = f(x_i, y_j)`` (``mi_lower_bound``, docs/derivations.md §15.1):
+never above log N, below I in expectation (docs/derivations.md §15.3). Critics ([Poole],
 :mod:`contrastive_jax.training.models.critics`): ``separable`` (dot product of two MLPs) and
 ``concat`` (one MLP on every pair [x_i, y_j]; by default trained at the first N only, 2000 steps
 per stage, and only timed at the others); the optimal critic log p(y|x) / p(y) on the same
@@ -35,7 +35,7 @@ from flax import nnx
 from common import reporting
 from common.reporting import command, markdown_table, mean_std, report, write_csv
 from contrastive_jax.losses import info_nce, mi_lower_bound
-from contrastive_jax.training.data.correlated_gaussians import (
+from contrastive_jax.training.data.datasets.correlated_gaussians import (
     correlation_for,
     log_density_ratio,
     mutual_information,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.data import clip_bpe
 from contrastive_jax.training.data.pipeline import image_text_preprocess
-from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
+from contrastive_jax.training.data.text import clip_bpe
+from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MERGES = FIXTURES / "clip_bpe_merges.txt.gz"

@@ -1,4 +1,5 @@
-"""Importing OpenAI / open_clip CLIP checkpoints (contrastive_jax.training.models.clip_import).
+"""Importing OpenAI / open_clip CLIP checkpoints
+(contrastive_jax.training.models.converters.clip_import).
 
 Parity with open_clip without PyTorch: tests/fixtures/make_open_clip_fixture.py wrote two small
 randomly initialised open_clip CLIPs (QuickGELU and exact GELU) as .safetensors and open_clip's
@@ -20,7 +21,8 @@ import pytest
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models import build_model, clip_import
+from contrastive_jax.training.models import build_model
+from contrastive_jax.training.models.converters import clip_import
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 QUICK = FIXTURES / "open_clip_tiny_quickgelu.safetensors"

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax.training.data import captions, correlated_gaussians, digits, mnist1d
+from contrastive_jax.training.data.datasets import correlated_gaussians, digits, mnist1d
 from contrastive_jax.training.data.prepare import LOCAL_NAMES, prepare
 from contrastive_jax.training.data.sources import DatasetNotPreparedError, open_split
+from contrastive_jax.training.data.text import captions
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from common.reporting import read_report
 from contrastive_jax.losses import info_nce
-from contrastive_jax.training.data.correlated_gaussians import (
+from contrastive_jax.training.data.datasets.correlated_gaussians import (
     correlation_for,
     log_density_ratio,
     sample,

@@ -113,7 +113,7 @@ def test_moco_momentum_update_and_fifo_queue():
 def test_attention_matches_jax_and_stays_in_float64():
     """The towers' attention equals jax.nn.dot_product_attention in float32 (with a padding
     mask) and, in float64, a NumPy softmax to 1e-14 (jax.nn's rounds to float32)."""
-    from contrastive_jax.training.models.transformer import attention
+    from contrastive_jax.training.models.encoders.transformer import attention
 
     rng = np.random.default_rng(0)
     q, k, v = (rng.normal(size=(3, 5, 2, 4)) for _ in range(3))

@@ -8,10 +8,10 @@ import pytest
 import sentencepiece
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.data import captions
 from contrastive_jax.training.data.build_tokenizer import train_sentencepiece
 from contrastive_jax.training.data.pipeline import make_preprocess
-from contrastive_jax.training.data.text_tokenizers import (
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text.text_tokenizers import (
     SentencePieceTokenizer,
     check_vocab_size,
     load_tokenizer,

@@ -17,8 +17,8 @@ from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import checkpoints, evaluation, train
 from contrastive_jax.training.data import train_iterator
-from contrastive_jax.training.evaluation import frozen_model
-from contrastive_jax.training.evaluation.frozen_model import evaluate
+from contrastive_jax.training.evaluation import run_evaluation
+from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.train_state import create_state, replicated
 
@@ -221,14 +221,14 @@ def test_simclr_pairs_are_two_views_and_identical_without_augmentation():
     """pair_embeddings of SimCLR: two augmented views (alignment > 0); with every augmentation
     at strength 0 the views are the input itself, so the pairs coincide (alignment 0)."""
     config, mesh, graphdef, state, _ = setup("simclr_mnist1d.py:quick")
-    pairs = frozen_model.pair_embeddings(graphdef, state, config, mesh, "test")
+    pairs = run_evaluation.pair_embeddings(graphdef, state, config, mesh, "test")
     assert pairs["x"].shape == pairs["y"].shape == (1000, 8) and pairs["label"].shape == (1000,)
     assert evaluation.alignment(pairs["x"], pairs["y"]) > 1e-3
     config = copy.deepcopy(config)
     for name in config.augment:
         if name != "kind":
             config.augment[name] = 0.0
-    same = frozen_model.pair_embeddings(graphdef, state, config, mesh, "test")
+    same = run_evaluation.pair_embeddings(graphdef, state, config, mesh, "test")
     assert evaluation.alignment(same["x"], same["y"]) == pytest.approx(0.0, abs=1e-10)
 
 

@@ -12,11 +12,12 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training.data import captions, open_split
-from contrastive_jax.training.data import prompt_templates as pt
-from contrastive_jax.training.data.text_tokenizers import load_tokenizer
+from contrastive_jax.training.data import open_split
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text import prompt_templates as pt
+from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
 from contrastive_jax.training.evaluation import (
-    frozen_model,
+    run_evaluation,
     zero_shot_accuracy,
     zero_shot_topk,
     zero_shot_weights,
@@ -152,29 +153,29 @@ def test_class_names_and_digit_templates_give_the_digit_prompts_result():
     config, graphdef, state = _dual_encoder()
     mesh = make_mesh({"data": 8}, jax.devices())
     state8 = jax.device_put(state, replicated(mesh, state))
-    pairs = frozen_model.pair_embeddings(graphdef, state8, config, mesh, "test")
-    digit_prompts = frozen_model.prompt_embeddings(graphdef, state8, config, "signal")
+    pairs = run_evaluation.pair_embeddings(graphdef, state8, config, mesh, "test")
+    digit_prompts = run_evaluation.prompt_embeddings(graphdef, state8, config, "signal")
     digits = zero_shot_accuracy(pairs["x"], pairs["label"], digit_prompts)
-    named = frozen_model.class_name_prompt_embeddings(graphdef, state8, config,
-                                                      captions.CLASS_NAMES,
-                                                      captions.TEMPLATES["signal"])
+    named = run_evaluation.class_name_prompt_embeddings(graphdef, state8, config,
+                                                        captions.CLASS_NAMES,
+                                                        captions.TEMPLATES["signal"])
     np.testing.assert_allclose(named, digit_prompts, rtol=1e-6, atol=1e-6)
     config = copy.deepcopy(config)
     config.evaluation.zero_shot.class_names = "tfds"
     config.evaluation.zero_shot.templates = captions.TEMPLATES["signal"]
-    eight = frozen_model.class_name_zero_shot(graphdef, state8, config, mesh)
+    eight = run_evaluation.class_name_zero_shot(graphdef, state8, config, mesh)
     one_mesh = make_mesh({"data": 1}, jax.devices()[:1])
-    one = frozen_model.class_name_zero_shot(
+    one = run_evaluation.class_name_zero_shot(
         graphdef, jax.device_put(state, replicated(one_mesh, state)), config, one_mesh)
     assert set(eight) == {"zero_shot", "zero_shot_top5"}
     assert eight["zero_shot"] == pytest.approx(digits, abs=1e-12)
     assert eight == pytest.approx(one, abs=1e-12)
     assert eight["zero_shot"] <= eight["zero_shot_top5"] <= 1
     with pytest.raises(ConfigError, match="not both"):
-        frozen_model.evaluate(graphdef, state8, config, mesh)
+        run_evaluation.evaluate(graphdef, state8, config, mesh)
     config.evaluation.zero_shot_prompts = ""
     config.evaluation.classification = False
-    results = frozen_model.evaluate(graphdef, state8, config, mesh)
+    results = run_evaluation.evaluate(graphdef, state8, config, mesh)
     assert {k: results[k] for k in eight} == eight
 
 
@@ -186,15 +187,15 @@ def test_zero_shot_config_errors():
     config.evaluation.zero_shot.class_names = ("zero", "one", "two")
     config.evaluation.zero_shot.templates = "simple"
     with pytest.raises(ConfigError, match="gave 3 names"):
-        frozen_model.class_name_zero_shot(graphdef, state, config, mesh)
+        run_evaluation.class_name_zero_shot(graphdef, state, config, mesh)
     config.evaluation.zero_shot.class_names = "tfds"
     config.evaluation.zero_shot.input_key = "pixels"
     with pytest.raises(ConfigError, match="input_key"):
-        frozen_model.class_name_zero_shot(graphdef, state, config, mesh)
+        run_evaluation.class_name_zero_shot(graphdef, state, config, mesh)
     config.evaluation.zero_shot.input_key = ""
     config.evaluation.zero_shot.clas_names = "tfds"
     with pytest.raises(ConfigError, match="clas_names"):
-        frozen_model.class_name_zero_shot(graphdef, state, config, mesh)
+        run_evaluation.class_name_zero_shot(graphdef, state, config, mesh)
 
 
 def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inputs():
@@ -221,20 +222,20 @@ def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inp
     rng = np.random.default_rng(0)
     source = [{"image": rng.integers(0, 256, (20, 28, 3), dtype=np.uint8), "label": i % 5,
                "extra": np.float32(i)} for i in range(12)]
-    x, y = frozen_model.zero_shot_samples(graphdef, state, config, mesh, source, "image",
-                                          "label", 8)
+    x, y = run_evaluation.zero_shot_samples(graphdef, state, config, mesh, source, "image",
+                                            "label", 8)
     model = nnx.merge(graphdef, state.params, state.rest)
     images = np.stack([resize_center_crop(e["image"], 32) for e in source]) / np.float32(255)
     np.testing.assert_array_equal(y, [i % 5 for i in range(12)])
     np.testing.assert_allclose(x, model.embed_samples(images.astype(np.float32)),
                                rtol=1e-5, atol=1e-6)
     names, templates = ("cat", "dog", "sea lion"), pt.resolve_templates("imagenet_selected")
-    prompts = frozen_model.class_name_prompt_embeddings(graphdef, state, config, names,
-                                                        templates)
+    prompts = run_evaluation.class_name_prompt_embeddings(graphdef, state, config, names,
+                                                          templates)
     tok = load_tokenizer({"kind": "clip_bpe", "path": merges})
     rows = tok.encode([t.format(n) for n in names for t in templates], 12)
     np.testing.assert_allclose(prompts, np.asarray(model.embed_texts(rows)).reshape(3, 7, -1),
                                rtol=1e-5, atol=1e-6)
     config.data.preprocess.vocab_size = 64
     with pytest.raises(ConfigError, match=r"data\.preprocess\.vocab_size"):
-        frozen_model.class_name_prompt_embeddings(graphdef, state, config, names, templates)
+        run_evaluation.class_name_prompt_embeddings(graphdef, state, config, names, templates)

@@ -55,7 +55,7 @@ def base_config() -> ml_collections.ConfigDict:
     ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
     ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
-    :func:`contrastive_jax.training.evaluation.frozen_model.evaluate`), ``mesh`` (axis sizes;
+    :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
 :mod:`contrastive_jax.training.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.distributed.launch_settings`; empty: from the environment,
@@ -80,7 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
                        "classification": True,  # linear probe + kNN (needs labels)
                        # dual encoders: class prompts of this modality ("signal" | "image",
-                       # contrastive_jax.training.data.captions) for zero-shot accuracy; "" = none
+                       # contrastive_jax/training/data/text/captions.py) for zero-shot; "" = none
                        "zero_shot_prompts": "",
                        # dual encoders: zero-shot with class names (a tuple, a file with one
                        # per line, or "tfds": the ClassLabel names; "" = none) and templates

@@ -17,9 +17,9 @@
    gradient unchanged, :mod:`contrastive_jax.training.accumulation`), progress lines
    and TensorBoard scalars every ``log_every`` steps, checkpoints every ``checkpoint_every``
    steps and at the end, optional evaluations every ``evaluation.every`` steps;
-3. the evaluation of the frozen model (:func:`~contrastive_jax.training.evaluation.frozen_model.
-   evaluate`: linear probe, kNN, alignment and uniformity; for dual encoders retrieval Recall@k
-   and zero-shot accuracy) and ``workdir/results.json``.
+3. the evaluation of the trained model (:func:`~contrastive_jax.training.evaluation.
+   run_evaluation.evaluate`: linear probe, kNN, alignment and uniformity; for dual encoders
+   retrieval Recall@k and zero-shot accuracy) and ``workdir/results.json``.
 
 The method supplies the loss and whatever it adds to the state and the results
 (:class:`~contrastive_jax.training.methods.Method`); nothing here knows which method runs.
@@ -56,7 +56,7 @@ from contrastive_jax.training.accumulation import check_accumulation, step_gradi
 from contrastive_jax.training.config_record import check_config, write_config
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
-from contrastive_jax.training.evaluation.frozen_model import evaluate
+from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.frozen_towers import frozen_names, keep_frozen
 from contrastive_jax.training.methods import LossSettings, Method, MethodContext, method_for
 from contrastive_jax.training.optimizers import clamp_log_scale, current_learning_rate

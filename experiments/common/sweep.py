@@ -69,10 +69,10 @@ def train_recording(config, every: int, record: Callable[[Any, Any, Any], dict],
     """Train ``config`` (:func:`start_run`); after the first, the last and every ``every``-th
     step append ``{"step": step, **record(state, metrics, prior)}``, where ``prior`` is
     ``before(state)`` taken before that step (the state is donated) or None. Returns the rows
-    and the frozen encoder's evaluation (``{}`` without ``final_eval``)."""
+    and the trained encoder's evaluation (``{}`` without ``final_eval``)."""
     import jax
 
-    from contrastive_jax.training.evaluation.frozen_model import evaluate
+    from contrastive_jax.training.evaluation.run_evaluation import evaluate
 
     started = start_run(config)
     state, rows = started.state, []

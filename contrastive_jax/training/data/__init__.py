@@ -1,20 +1,20 @@
 """Input data: TFDS datasets built offline, grain pipelines sharded per host.
 
 - :mod:`~contrastive_jax.training.data.prepare`: the package's datasets (``mnist1d``, ``digits``,
-  ``digit_captions/{mnist1d,digits}``) built once into a TFDS data dir, offline.
-- :mod:`~contrastive_jax.training.data.sources`: :func:`open_split`, one random-access source per
-split
-  (any TFDS dataset prepared as array_record, or ``correlated_gaussians``).
-- :mod:`~contrastive_jax.training.data.pipeline`: shuffled, repeated, per-host batches assembled
-into
-  global ``jax.Array`` s, with a checkpointable iterator; padded evaluation passes.
-- :mod:`~contrastive_jax.training.data.captions`: caption templates, vocabulary, tokens, zero-shot
-  prompts.
-- :mod:`~contrastive_jax.training.data.text_tokenizers`: caption tokenizers (a word vocabulary,
-  SentencePiece) for ``data.preprocess.tokenizer``; id 0 is padding.
+  ``digit_captions/{mnist1d,digits}``) built once into a TFDS data dir, offline (the command
+  ``python -m contrastive_jax.training.data.prepare``).
+- :mod:`~contrastive_jax.training.data.sources`: :func:`open_split`, one random-access source
+  per split (any TFDS dataset prepared as array_record, or ``correlated_gaussians``).
+- :mod:`~contrastive_jax.training.data.pipeline`: shuffled, repeated, per-host batches
+  assembled into global ``jax.Array`` s, with a checkpointable iterator; padded evaluation
+  passes.
 - :mod:`~contrastive_jax.training.data.build_tokenizer`: the command that builds a SentencePiece
   model from a prepared dataset's captions.
-- :mod:`~contrastive_jax.training.data.correlated_gaussians`: pairs with known mutual information.
+- :mod:`~contrastive_jax.training.data.datasets`: the package's datasets themselves (the TFDS
+  builders ``mnist1d``, ``digits``, ``digit_captions``; ``correlated_gaussians``, pairs with
+  known mutual information).
+- :mod:`~contrastive_jax.training.data.text`: text: caption templates and the word vocabulary,
+  caption tokenizers (words, SentencePiece, CLIP's BPE), zero-shot prompts.
 """
 
 from contrastive_jax.training.data.pipeline import (

@@ -28,7 +28,7 @@ from etils import epath
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
 from contrastive_jax.training.data.prepare import resolve_data_dir
 from contrastive_jax.training.data.sources import open_split
-from contrastive_jax.training.data.text_tokenizers import SentencePieceTokenizer
+from contrastive_jax.training.data.text.text_tokenizers import SentencePieceTokenizer
 
 SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 

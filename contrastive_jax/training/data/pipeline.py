@@ -143,12 +143,12 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     epoch ``e`` of the training stream takes text ``e mod k`` (so ``k`` epochs see every
     caption of every image once; evaluation, epoch 0, the first). The text is tokenised by
     ``tokenizer`` (``{"kind", "path"}``,
-    :func:`contrastive_jax.training.data.text_tokenizers.load_tokenizer`) or, the older
+    :func:`contrastive_jax.training.data.text.text_tokenizers.load_tokenizer`) or, the older
     spelling, the word vocabulary file ``vocabulary`` (default: the package's ``vocab.txt``),
     cut at ``max_tokens`` (CLIP's context length). ``vocab_size``: the text tower's embedding
     rows; a ConfigError at construction if the tokenizer's ids need more.
     """
-    from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
+    from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 
     if tokenizer is not None and vocabulary:
         raise ConfigError("set data.preprocess.tokenizer or data.preprocess.vocabulary (a word "

@@ -38,7 +38,7 @@ import tensorflow_datasets as tfds
 
 # Importing the modules registers the builders with TFDS.
 from contrastive_jax.errors import ConfigError, DataError
-from contrastive_jax.training.data import digit_captions, digits, mnist1d
+from contrastive_jax.training.data.datasets import digit_captions, digits, mnist1d
 
 LOCAL_DATASETS = {
     "mnist1d": mnist1d.Mnist1d,

@@ -25,7 +25,10 @@ from contrastive_jax.errors import (
     DatasetNotPreparedError,
     exception_chain,
 )
-from contrastive_jax.training.data.correlated_gaussians import CorrelatedGaussians, correlation_for
+from contrastive_jax.training.data.datasets.correlated_gaussians import (
+    CorrelatedGaussians,
+    correlation_for,
+)
 from contrastive_jax.training.data.prepare import is_local, prepare, resolve_data_dir
 
 GENERATED = ("correlated_gaussians",)

@@ -1,12 +1,12 @@
-"""Evaluation of frozen representations, and the pass that gets them from a model.
+"""Evaluation of learned representations, and the pass that gets them from a trained model.
 
 Scores, each a pure function of arrays (tested on data whose answer is known):
 :mod:`~contrastive_jax.training.evaluation.probes` (linear probe, kNN),
 :mod:`~contrastive_jax.training.evaluation.zero_shot`,
 :mod:`~contrastive_jax.training.evaluation.retrieval` (Recall@k),
 :mod:`~contrastive_jax.training.evaluation.geometry` (alignment, uniformity).
-:mod:`~contrastive_jax.training.evaluation.frozen_model` runs a trained model over a split and
-reports them all (:func:`evaluate`).
+:mod:`~contrastive_jax.training.evaluation.run_evaluation` runs a trained model (inference mode)
+over a split and reports them all (its :func:`evaluate`).
 """
 
 from contrastive_jax.training.evaluation.geometry import alignment, uniformity

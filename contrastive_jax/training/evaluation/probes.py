@@ -1,4 +1,5 @@
-"""Classification probes on frozen features ``(n, d)`` with integer labels.
+"""Classification probes on fixed features ``(n, d)`` (no gradient reaches the encoder) with
+integer labels.
 
 - :func:`linear_probe`: multinomial logistic regression on standardised features, fitted by
   L-BFGS (optax) to convergence; the L2 strength is picked on a held-out part of the training

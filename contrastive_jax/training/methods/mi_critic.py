@@ -8,7 +8,7 @@ scale) trained with one-directional InfoNCE; ``log N - L`` estimates a lower bou
 
 from __future__ import annotations
 
-from contrastive_jax.training.data.correlated_gaussians import (
+from contrastive_jax.training.data.datasets.correlated_gaussians import (
     CorrelatedGaussians,
     mutual_information,
 )

@@ -1,4 +1,5 @@
-"""Flax NNX models: encoders, projection heads, SimCLR / MoCo, the CLIP dual encoder.
+"""Flax NNX models: encoders, projection heads, the projected encoder (SimCLR / MoCo), the CLIP
+dual encoder.
 
 :func:`build_model` makes the model a config's ``model`` block describes::
 
@@ -13,8 +14,8 @@
     model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
 
 The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP are in
-transformer.py; clip_import.py turns a CLIP checkpoint into such a ``dual_encoder`` block and its
-parameters (docs/pretrained.md).
+encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint into such a
+``dual_encoder`` block and its parameters (docs/pretrained.md).
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dual_encoder import DualEncoder
+from contrastive_jax.training.models.encoders import (
+    MLPEncoder,
+    ResNet,
+    SignalCNN,
+    TextTransformer,
+    ViT,
+)
 from contrastive_jax.training.models.heads import ProjectionHead
-from contrastive_jax.training.models.mlp import MLPEncoder
-from contrastive_jax.training.models.precision import compute_dtype
+from contrastive_jax.training.models.precision import layers_dtype
+from contrastive_jax.training.models.projected_encoder import ProjectedEncoder
 from contrastive_jax.training.models.remat import check_policy
-from contrastive_jax.training.models.resnet import ResNet
-from contrastive_jax.training.models.signal_cnn import SignalCNN
-from contrastive_jax.training.models.simclr import SimCLR
-from contrastive_jax.training.models.transformer import TextTransformer, ViT
 
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}
@@ -55,7 +59,7 @@ _FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.re
 def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
                   remat_policy: str | None = None) -> nnx.Module:
     """``ENCODERS[config["name"]](**rest, dtype=dtype, remat_policy=...)``; unknown names or
-    arguments say what is valid. ``dtype`` (:func:`.precision.compute_dtype`) and
+    arguments say what is valid. ``dtype`` (:func:`.precision.layers_dtype`) and
     ``remat_policy`` (:mod:`.remat`; ``None``: off) come from the model's settings."""
     config = dict(config)
     name = config.pop("name", None)
@@ -73,7 +77,7 @@ def model_settings(config: Mapping[str, Any]) -> tuple[Any, str | None]:
     """``(compute dtype, remat policy or None)`` of a ``model`` block's ``dtype``, ``remat`` and
     ``remat_policy`` (defaults ``"float32"``, ``False``, ``"nothing_saveable"``); bad values are
     a :class:`ConfigError` naming the valid ones."""
-    dtype = compute_dtype(config.get("dtype", "float32"))
+    dtype = layers_dtype(config.get("dtype", "float32"))
     remat = config.get("remat", False)
     if not isinstance(remat, bool):
         raise ConfigError(f"model.remat must be True or False; got {remat!r}")
@@ -105,7 +109,7 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
                               dtype=dtype, rngs=rngs, **head)
         options = {k: config[k] for k in ("learn_temperature", "init_temperature")
                    if k in config}
-        return SimCLR(encoder, head, **options)
+        return ProjectedEncoder(encoder, head, **options)
     sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype, remat_policy=policy)
     text = build_encoder(config["text_encoder"], rngs, dtype=dtype, remat_policy=policy)
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias")
@@ -122,5 +126,5 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     return cls(**kwargs, **settings, rngs=rngs)
 
 
-__all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectionHead", "ResNet", "SignalCNN",
-           "SimCLR", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]
+__all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet",
+           "SignalCNN", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]

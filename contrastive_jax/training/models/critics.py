@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import InputError
-from contrastive_jax.training.models.mlp import MLPEncoder
+from contrastive_jax.training.models.encoders.mlp import MLPEncoder
 
 
 class SeparableCritic(nnx.Module):

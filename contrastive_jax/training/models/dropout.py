@@ -14,6 +14,8 @@ site in a block its position.
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -26,6 +28,16 @@ def fold_each(keys: jax.Array, index: int) -> jax.Array:
     if keys is None:
         return None
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, index)
+
+
+def apply_encoder(encoder: nnx.Module, x: jax.Array, train: bool,
+                  dropout_keys: jax.Array | None) -> jax.Array:
+    """``encoder(x, train=train, dropout_keys=dropout_keys)`` for an encoder with dropout (one
+    key per example, ``dropout_keys (B,)``), ``encoder(x, train=train)`` for one without (conv
+    nets and MLPs take no keys)."""
+    if "dropout_keys" in inspect.signature(encoder.__call__).parameters:
+        return encoder(x, train=train, dropout_keys=dropout_keys)
+    return encoder(x, train=train)
 
 
 class ExampleDropout(nnx.Module):

@@ -11,7 +11,8 @@ projection heads bfloat16, while
   that cast is float32;
 * LayerNorm and BatchNorm take their mean and variance in float32 (Flax promotes the
   statistics to at least float32) and BatchNorm's running statistics are float32;
-* attention's softmax is float32 (:func:`~contrastive_jax.training.models.transformer.attention`);
+* attention's softmax is float32
+  (:func:`~contrastive_jax.training.models.encoders.transformer.attention`);
 * the embeddings that leave the model for the loss are float32 (:func:`loss_dtype`), so the
   loss's log-sum-exp, softmax and logit scale keep float32 statistics.
 
@@ -30,7 +31,7 @@ from contrastive_jax.errors import ConfigError
 COMPUTE_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
-def compute_dtype(name: str) -> jnp.dtype | None:
+def layers_dtype(name: str) -> jnp.dtype | None:
     """The layers' ``dtype`` for ``config.model.dtype = name``: ``None`` (the parameters' own,
     float32) for ``"float32"``, ``jnp.bfloat16`` for ``"bfloat16"``; anything else is a
     :class:`ConfigError` naming the valid names."""

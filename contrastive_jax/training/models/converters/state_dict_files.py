@@ -1,7 +1,7 @@
 """PyTorch state dicts as NumPy: ``.safetensors`` without PyTorch, ``.pt`` / ``.bin`` with it.
 
 :func:`load_state_dict` reads a checkpoint file the user already has into ``{name: float32
-array}``, the input of :mod:`~contrastive_jax.training.models.clip_import`.
+array}``, the input of :mod:`~contrastive_jax.training.models.converters.clip_import`.
 """
 
 from __future__ import annotations

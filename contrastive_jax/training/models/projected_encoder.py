@@ -1,9 +1,13 @@
-"""SimCLR's model: a shared encoder f and a projection head g ([SimCLR] §2.1; docs/derivations.md
-§9.1)."""
+"""An encoder f followed by a projection head g: SimCLR's and MoCo's model ([SimCLR] §2.1;
+docs/derivations.md §9.1).
+
+The methods :class:`contrastive_jax.training.methods.simclr.SimCLR` and
+:class:`contrastive_jax.training.methods.moco.MoCo` train it (``model.name = "simclr"`` or
+``"moco"``); the module itself knows nothing of the objective.
+"""
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import jax
@@ -11,10 +15,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.dropout import apply_encoder
 from contrastive_jax.training.models.precision import loss_dtype
 
 
-class SimCLR(nnx.Module):
+class ProjectedEncoder(nnx.Module):
     """``h = f(x)`` (the representation kept for evaluation), ``z = g(h)`` (fed to the loss).
 
     [SimCLR] §4.2 (docs/derivations.md §9.1 step 2): the projection head is discarded after
@@ -40,16 +45,10 @@ class SimCLR(nnx.Module):
                  dropout_keys: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """``(z, h)``: projections ``(B, head.out_features)`` and representations;
         ``dropout_keys (B,)``: one key per example for encoders with dropout."""
-        h = _encode(self.encoder, x, train, dropout_keys)
+        h = apply_encoder(self.encoder, x, train, dropout_keys)
         return loss_dtype(self.head(h, train=train)), loss_dtype(h)
 
     def features(self, x: jax.Array) -> jax.Array:
-        """Frozen representations ``h = f(x)`` for probes (inference mode), float32."""
-        return loss_dtype(_encode(self.encoder, x, False, None))
-
-
-def _encode(encoder: nnx.Module, x: jax.Array, train: bool, dropout_keys: jax.Array | None):
-    # Transformers take per-example dropout keys; conv nets and MLPs have no dropout.
-    if "dropout_keys" in inspect.signature(encoder.__call__).parameters:
-        return encoder(x, train=train, dropout_keys=dropout_keys)
-    return encoder(x, train=train)
+        """Representations ``h = f(x)`` ``(B, encoder.features)`` in inference mode (no
+        dropout, BatchNorm's running statistics) for probes, float32."""
+        return loss_dtype(apply_encoder(self.encoder, x, False, None))

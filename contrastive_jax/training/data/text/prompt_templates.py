@@ -203,7 +203,7 @@ def prompt_texts(class_names: Sequence[str], templates: Sequence[str]) -> list[l
 def prompt_tokens(class_names: Sequence[str], templates: Sequence[str], tokenizer,
                   max_tokens: int) -> np.ndarray:
     """Token ids ``(C, T, max_tokens)`` int32 of every prompt, by ``tokenizer`` (a
-    :class:`contrastive_jax.training.data.text_tokenizers.Tokenizer`: the run's
+    :class:`contrastive_jax.training.data.text.text_tokenizers.Tokenizer`: the run's
     ``data.preprocess.tokenizer``)."""
     texts = prompt_texts(class_names, templates)
     flat = tokenizer.encode([t for row in texts for t in row], max_tokens)

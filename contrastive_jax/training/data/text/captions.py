@@ -61,7 +61,7 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 @functools.cache
 def vocabulary() -> tuple[str, ...]:
     """The words, in id order (``vocab.txt``)."""
-    files = importlib.resources.files("contrastive_jax.training.data")
+    files = importlib.resources.files("contrastive_jax.training.data.text")
     text = files.joinpath("vocab.txt").read_text()
     words = tuple(line.strip() for line in text.splitlines() if line.strip())
     if words[:4] != ("<pad>", "<unk>", "<bos>", "<eos>"):

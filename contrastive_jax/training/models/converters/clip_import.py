@@ -1,7 +1,7 @@
 """Import an OpenAI CLIP or open_clip ViT-CLIP checkpoint as this project's dual encoder.
 
-    python -m contrastive_jax.training.models.clip_import --checkpoint=FILE --output=DIR \\
-        [--quick_gelu=true|false] [--vision_heads=N] [--text_heads=N]
+    python -m contrastive_jax.training.models.converters.clip_import \\
+        --checkpoint=FILE --output=DIR [--quick_gelu=true|false] [--vision_heads=N] [--text_heads=N]
 
 reads a CLIP state dict the user already has (nothing is downloaded): a ``.safetensors`` file
 (read with safetensors' NumPy API, no PyTorch) or a PyTorch ``.pt`` / ``.pth`` / ``.bin`` file
@@ -39,7 +39,10 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
-from contrastive_jax.training.models.state_dict_files import is_torchscript, load_state_dict
+from contrastive_jax.training.models.converters.state_dict_files import (
+    is_torchscript,
+    load_state_dict,
+)
 
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN / _STD), RGB, for pixels in [0, 1]
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -367,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The command line (module docstring); errors a user can fix print ``error: ...`` and exit
     with status 2."""
     parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.training.models.clip_import",
+        prog="python -m contrastive_jax.training.models.converters.clip_import",
         description="Convert an OpenAI / open_clip ViT-CLIP checkpoint to this project's "
                     "dual encoder (DIR/model.json + DIR/params).")
     parser.add_argument("--checkpoint", required=True,

@@ -2,10 +2,11 @@
 
 The defaults are this project's own towers (mean pooling, an output layer with a bias, tanh-GELU,
 LayerNorm eps 1e-6). The options express OpenAI's CLIP ([CLIP] in docs/references.md) and
-open_clip's ViT-CLIP exactly (``clip_import.py`` sets them from a checkpoint): a class token,
-``ln_pre``, pooling at the class token or (text) at the largest token id, a causal mask, exact or
-quick GELU, LayerNorm eps 1e-5, no output layer (the dual encoder's bias-free projection is
-CLIP's ``proj`` / ``text_projection``) and a patch convolution without bias.
+open_clip's ViT-CLIP exactly (``models/converters/clip_import.py`` sets them from a
+checkpoint): a class token, ``ln_pre``, pooling at the class token or (text) at the largest
+token id, a causal mask, exact or quick GELU, LayerNorm eps 1e-5, no output layer (the dual
+encoder's bias-free projection is CLIP's ``proj`` / ``text_projection``) and a patch
+convolution without bias.
 """
 
 from __future__ import annotations

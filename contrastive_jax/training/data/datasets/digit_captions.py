@@ -6,8 +6,9 @@ Two configs, one per modality:
 - ``digit_captions/digits``: the 8x8 digit images (``image`` (8, 8, 1) uint8, 1437 / 360),
 
 the same samples and splits as ``mnist1d`` and ``digits``. Each example gets one caption: a
-template of its modality (:data:`contrastive_jax.training.data.captions.TEMPLATES`) drawn uniformly
-with a fixed seed per split and filled with the class name, e.g. "a plot of the digit seven".
+template of its modality (:data:`contrastive_jax.training.data.text.captions.TEMPLATES`) drawn
+uniformly with a fixed seed per split and filled with the class name, e.g. "a plot of the digit
+seven".
 
 Features: the sample, ``label``, ``index`` (as in the unpaired set), ``caption``
 (``MAX_TOKENS``,) int32 tokens, ``template`` (which template), ``caption_id``
@@ -23,7 +24,9 @@ from typing import ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contrastive_jax.training.data.captions import (
+from contrastive_jax.training.data.datasets.digits import digits_arrays
+from contrastive_jax.training.data.datasets.mnist1d import LENGTH, mnist1d_arrays
+from contrastive_jax.training.data.text.captions import (
     CLASS_NAMES,
     MAX_TOKENS,
     caption,
@@ -31,8 +34,6 @@ from contrastive_jax.training.data.captions import (
     templates,
     tokenize,
 )
-from contrastive_jax.training.data.digits import digits_arrays
-from contrastive_jax.training.data.mnist1d import LENGTH, mnist1d_arrays
 
 TEMPLATE_SEEDS = {"train": 1, "test": 2}
 

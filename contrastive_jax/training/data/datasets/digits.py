@@ -16,7 +16,7 @@ from typing import ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
-from contrastive_jax.training.data.captions import CLASS_NAMES
+from contrastive_jax.training.data.text.captions import CLASS_NAMES
 
 NUM_TRAIN = 1437
 SPLIT_SEED = 0

@@ -3,7 +3,7 @@
 Every tokenizer turns texts into rows ``(n, max_tokens)`` int32 of ``<bos> tokens... <eos>``
 followed by zeros, and **id 0 is padding** (except ``clip_bpe``, below): the text transformer
 masks id 0 out of attention and out of its mean
-(:mod:`contrastive_jax.training.models.transformer`), so no real token may have id 0.
+(:mod:`contrastive_jax.training.models.encoders.transformer`), so no real token may have id 0.
 ``vocab_size`` is the number of embedding rows the text tower needs (the largest id + 1).
 
 Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
@@ -11,7 +11,7 @@ Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
 - ``"words"``: a word vocabulary file, one word per line, the line number is the id, starting
   ``<pad> <unk> <bos> <eos>`` (``path = ""``: the package's ``vocab.txt`` of the digit
   captions). Words are lowercased and stripped of punctuation
-  (:func:`contrastive_jax.training.data.captions.tokenize`).
+  (:func:`contrastive_jax.training.data.text.captions.tokenize`).
 - ``"sentencepiece"``: a SentencePiece model file (``.model``; T. Kudo, J. Richardson,
   *SentencePiece*, EMNLP 2018 demo, arXiv:1808.06226), e.g. one built
   from a dataset's captions by ``python -m contrastive_jax.training.data.build_tokenizer``,
@@ -22,7 +22,7 @@ Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
 
 - ``"clip_bpe"``: CLIP's byte-level BPE from a merges file in the format of open_clip's
   ``bpe_simple_vocab_16e6.txt.gz`` ([CLIP], [OpenCLIP]; the user's file, none is shipped):
-  exactly the ids of open_clip's ``tokenize`` (:mod:`contrastive_jax.training.data.clip_bpe`).
+  exactly the ids of open_clip's ``tokenize`` (:mod:`contrastive_jax.training.data.text.clip_bpe`).
   The exception to the rule above: id 0 is the byte ``"!"``, not padding, because the ids must
   be the ones a pretrained CLIP text tower was trained on (its causal mask and end-of-text
   pooling never read the padding); ``<bos>``/``<eos>`` are ``<start_of_text>`` /
@@ -42,8 +42,8 @@ import numpy as np
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.data import captions
-from contrastive_jax.training.data.clip_bpe import ClipBpeTokenizer, read_merges
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text.clip_bpe import ClipBpeTokenizer, read_merges
 
 BUILD_COMMAND = ("python -m contrastive_jax.training.data.build_tokenizer --dataset=NAME "
                  "--data_dir=DIR --vocab_size=V --output=PATH.model")

@@ -1,4 +1,5 @@
-"""The frozen model on a dataset split: what :func:`evaluate` measures after (and during) training.
+"""The evaluation run: a trained model, in inference mode, over a dataset's splits, and the
+scores of its features and embeddings (:func:`evaluate`, after and during training).
 
 - :func:`extract_features`: encoder features and labels (inference mode, padded evaluation
   pass gathered from every process);
@@ -29,10 +30,11 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import global_batch
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.augmentations import two_views
-from contrastive_jax.training.data import captions, eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data import prompt_templates as prompts_of
+from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
 from contrastive_jax.training.data.pipeline import resize_center_crop, standard_preprocess
-from contrastive_jax.training.data.text_tokenizers import check_vocab_size, load_tokenizer
+from contrastive_jax.training.data.text import captions
+from contrastive_jax.training.data.text import prompt_templates as prompts_of
+from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 
 
 def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
@@ -78,7 +80,8 @@ def _inference_for(graphdef, config):
 
 
 def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Frozen encoder features and labels of every example of ``split`` (inference mode)."""
+    """Encoder features ``(n, features)`` and labels ``(n,)`` of every example of ``split``, in
+    inference mode (no dropout, BatchNorm's running statistics; no gradient)."""
     features = _inference_for(graphdef, config)[0]
     feats, labels = [], []
     for batch in eval_iterator(config.data, mesh, split=split):
@@ -245,7 +248,8 @@ def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
 
 
 def evaluate(graphdef, state, config, mesh) -> dict:
-    """The frozen model on the evaluation split (features fitted on the train split).
+    """The trained model, in inference mode, on the evaluation split (probes fitted on the
+    train split's features).
 
     Linear probe and kNN on the encoder features (unless ``evaluation.classification`` is
     False: data without labels); always alignment and uniformity of the
@@ -253,8 +257,8 @@ def evaluate(graphdef, state, config, mesh) -> dict:
     Recall@1/5/10 both ways (a candidate is correct when it is the pair's own, or, with
     ``evaluation.retrieval_match`` naming a batch feature, when that feature is equal) and,
     with ``evaluation.zero_shot_prompts`` set to a modality of
-    :func:`contrastive_jax.training.data.captions.class_prompts`, zero-shot accuracy; or, with
-    ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
+    :func:`contrastive_jax.training.data.text.captions.class_prompts`, zero-shot accuracy; or,
+    with ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
     templates (:func:`class_name_zero_shot`).
     """
     ev = config.evaluation
