@@ -11,7 +11,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dropout import apply_encoder, fold_each
-from contrastive_jax.training.models.precision import loss_dtype
+from contrastive_jax.training.models.precision import up_to_float32
 
 
 class DualEncoder(nnx.Module):
@@ -50,16 +50,16 @@ class DualEncoder(nnx.Module):
     def embed_samples(self, sample: jax.Array, *, train: bool = False,
                       dropout_keys: jax.Array | None = None) -> jax.Array:
         """``(B, embed_dim)`` embeddings of the samples, float32."""
-        return loss_dtype(self.sample_proj(apply_encoder(self.sample_encoder, sample, train,
+        return up_to_float32(self.sample_proj(apply_encoder(self.sample_encoder, sample, train,
                                                          dropout_keys)))
 
     def embed_texts(self, tokens: jax.Array, *, train: bool = False,
                     dropout_keys: jax.Array | None = None) -> jax.Array:
         """``(B, embed_dim)`` embeddings of the token ids, float32."""
-        return loss_dtype(self.text_proj(apply_encoder(self.text_encoder, tokens, train,
+        return up_to_float32(self.text_proj(apply_encoder(self.text_encoder, tokens, train,
                                                        dropout_keys)))
 
     def features(self, sample: jax.Array) -> jax.Array:
         """Sample-tower representations ``(B, sample_encoder.features)`` (before the projection)
         in inference mode for probes, float32."""
-        return loss_dtype(apply_encoder(self.sample_encoder, sample, False, None))
+        return up_to_float32(apply_encoder(self.sample_encoder, sample, False, None))

@@ -13,7 +13,7 @@ projection heads bfloat16, while
   statistics to at least float32) and BatchNorm's running statistics are float32;
 * attention's softmax is float32
   (:func:`~contrastive_jax.training.models.encoders.transformer.attention`);
-* the embeddings that leave the model for the loss are float32 (:func:`loss_dtype`), so the
+* the embeddings that leave the model for the loss are float32 (:func:`up_to_float32`), so the
   loss's log-sum-exp, softmax and logit scale keep float32 statistics.
 
 This is the usual TPU recipe (big_vision, MaxText: bfloat16 compute, float32 master weights);
@@ -46,7 +46,7 @@ def cast(x: jax.Array, dtype: jnp.dtype | None) -> jax.Array:
     return x if dtype is None else x.astype(dtype)
 
 
-def loss_dtype(x: jax.Array) -> jax.Array:
+def up_to_float32(x: jax.Array) -> jax.Array:
     """``x`` in ``promote_types(x.dtype, float32)``: half precision up to float32 for the loss,
     float32 and float64 unchanged."""
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))

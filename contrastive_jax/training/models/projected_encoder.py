@@ -16,7 +16,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dropout import apply_encoder
-from contrastive_jax.training.models.precision import loss_dtype
+from contrastive_jax.training.models.precision import up_to_float32
 
 
 class ProjectedEncoder(nnx.Module):
@@ -28,7 +28,7 @@ class ProjectedEncoder(nnx.Module):
     otherwise tau is fixed by the loss config. MoCo's query encoder is the same module; its key
     encoder is a copy of the parameters kept in the train state
     (:mod:`contrastive_jax.training.methods.moco`). ``z`` and ``h`` leave the module in float32
-    (or float64) whatever the compute dtype (:func:`.precision.loss_dtype`).
+    (or float64) whatever the compute dtype (:func:`.precision.up_to_float32`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
@@ -46,9 +46,9 @@ class ProjectedEncoder(nnx.Module):
         """``(z, h)``: projections ``(B, head.out_features)`` and representations;
         ``dropout_keys (B,)``: one key per example for encoders with dropout."""
         h = apply_encoder(self.encoder, x, train, dropout_keys)
-        return loss_dtype(self.head(h, train=train)), loss_dtype(h)
+        return up_to_float32(self.head(h, train=train)), up_to_float32(h)
 
     def features(self, x: jax.Array) -> jax.Array:
         """Representations ``h = f(x)`` ``(B, encoder.features)`` in inference mode (no
         dropout, BatchNorm's running statistics) for probes, float32."""
-        return loss_dtype(apply_encoder(self.encoder, x, False, None))
+        return up_to_float32(apply_encoder(self.encoder, x, False, None))
