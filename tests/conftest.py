@@ -20,27 +20,29 @@ jax.config.update("jax_num_cpu_devices", 8)
 settings.register_profile("ci", max_examples=8, deadline=None, derandomize=True)
 settings.load_profile("ci")
 
-
-def _session_env(name: str, value: str):
-    """Set the environment variable ``name`` to ``value`` for the session, then restore it."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    yield value
-    if old is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = old
+# Programs that take longer than this to compile go to the run's persistent cache.
+MIN_COMPILE_SECONDS = 0.0
 
 
-@pytest.fixture(scope="session", autouse=True)
-def data_dir(tmp_path_factory):
-    """One TFDS data dir for the session (never the user's cache); datasets build on first use."""
-    yield from _session_env("CONTRASTIVE_JAX_DATA_DIR", str(tmp_path_factory.mktemp("datasets")))
+def _run_folder(config) -> pathlib.Path:
+    """This test run's base temporary folder, the same for every xdist worker of the run."""
+    base = config._tmp_path_factory.getbasetemp()
+    return base.parent if hasattr(config, "workerinput") else base  # worker: <base>/popen-gwN
 
 
-@pytest.fixture(scope="session", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """The command line's persistent compilation cache for this session's subprocesses (never
-    the user's cache); later runs of the same quick configs reuse the compiled steps."""
-    yield from _session_env("CONTRASTIVE_JAX_COMPILATION_CACHE",
-                            str(tmp_path_factory.mktemp("jax_compilation_cache")))
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    """One TFDS data dir and one persistent compilation cache for the whole test run (never the
+    user's), shared by this process, every other xdist worker and every subprocess of the run:
+    each dataset is prepared once (concurrent prepares wait for one another), and a program
+    compiled once (the quick configs' train steps, the evaluation passes) is loaded, not
+    compiled again, by a later ``train_and_evaluate`` or command line with the same program
+    (the cache key covers the program, shapes, shardings, flags and versions)."""
+    run = _run_folder(config)
+    for name, folder in (("CONTRASTIVE_JAX_DATA_DIR", "datasets"),
+                         ("CONTRASTIVE_JAX_COMPILATION_CACHE", "jax_compilation_cache")):
+        path = run / folder
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    jax.config.update("jax_compilation_cache_dir", os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)

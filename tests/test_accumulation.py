@@ -1,11 +1,13 @@
 """Exact gradient accumulation: K micro-batches give the gradient of the global-batch loss.
 
 Every method (CLIP with a learned log-scale, SigLIP with scale and bias, SimCLR, MoCo) on
-Transformer towers with dropout > 0 and augmentations on, in float64: the gradient of every
-parameter (log-scale and bias included) and the updated parameters with K in {2, 4, 8} equal
-K = 1 on the same global batch to 1e-12 relative, on 1 and 8 devices, with the dense, tiled and
-ring losses. A naive accumulation (the mean of the micro-batches' own losses) differs by more
-than 1%, so these tests can fail.
+Transformer towers with dropout > 0 and augmentations on, in float64, against K = 1 on the same
+global batch to 1e-12 relative: the gradient of every parameter (log-scale and bias included)
+with the dense loss, K in {2, 8} on 8 devices and K = 4 on 1; with K = 4 on 8 devices, the
+tiled loss (SimCLR) and the ring (CLIP, SigLIP); the whole state after a train step (MoCo,
+K = 4, SGD). A naive accumulation (the mean of the micro-batches' own losses) differs by more
+than 1%, so these tests can fail. (docs/training.md, "Gradient accumulation", claims exactly
+this list.)
 """
 
 import jax

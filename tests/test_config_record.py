@@ -36,12 +36,12 @@ def test_plain_flatten_and_changes():
 
 
 def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):
-    train.train_and_evaluate(quick(total_steps=3, checkpoint_every=3), str(tmp_path))
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
     recorded = json.loads((tmp_path / "config.json").read_text())
-    assert recorded == plain(quick(total_steps=3, checkpoint_every=3))
-    assert recorded["loss"]["temperature"] == 0.2 and recorded["total_steps"] == 3
+    assert recorded == plain(quick(total_steps=6, checkpoint_every=3))
+    assert recorded["loss"]["temperature"] == 0.2 and recorded["total_steps"] == 6
 
-    changed = quick(total_steps=6, checkpoint_every=3)
+    changed = quick(total_steps=12, checkpoint_every=3)
     changed.optimizer.learning_rate = 0.01
     changed.data.batch_size = 16
     with pytest.raises(ConfigError, match=r"another config.*data\.batch_size: 64 -> 16; "
@@ -50,16 +50,16 @@ def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):
         train.train_and_evaluate(changed, str(tmp_path))
     assert json.loads((tmp_path / "config.json").read_text()) == recorded  # untouched
     # a longer run (total_steps) and other evaluation settings are not a different run
-    longer = quick(total_steps=4, checkpoint_every=3)
+    longer = quick(total_steps=9, checkpoint_every=3)
     longer.evaluation.every = 2
-    assert train.train_and_evaluate(longer, str(tmp_path))["resumed_from"] == 3
+    assert train.train_and_evaluate(longer, str(tmp_path))["resumed_from"] == 6
     capsys.readouterr()
     accepted = train.train_and_evaluate(changed, str(tmp_path), accept_config_change=True)
-    assert accepted["resumed_from"] == 4
-    assert "config changed at step 4" in capsys.readouterr().out
+    assert accepted["resumed_from"] == 9
+    assert "config changed at step 9" in capsys.readouterr().out
     assert json.loads((tmp_path / "config.json").read_text())["data"]["batch_size"] == 16
-    old = json.loads((tmp_path / "config-before-step-4.json").read_text())
-    assert old["data"]["batch_size"] == 64 and old["total_steps"] == 4
+    old = json.loads((tmp_path / "config-before-step-9.json").read_text())
+    assert old["data"]["batch_size"] == 64 and old["total_steps"] == 9
 
 
 def test_cli_config_drift_exits_2_and_the_flag_accepts_it(tmp_path):
@@ -82,19 +82,19 @@ def test_cli_config_drift_exits_2_and_the_flag_accepts_it(tmp_path):
 def test_a_finished_run_run_again_keeps_its_results(tmp_path, capsys):
     """The second run of a finished workdir changes nothing: results.json keeps its training
     time and evaluation history (it used to write train_time_s 0 and drop the history)."""
-    config = quick(total_steps=4, checkpoint_every=2)
+    config = quick(total_steps=6, checkpoint_every=3)
     config.evaluation.enabled = True
-    config.evaluation.every = 2
+    config.evaluation.every = 3
     first = train.train_and_evaluate(config, str(tmp_path))
-    assert [e["step"] for e in first["evaluations"]] == [2, 4]
+    assert [e["step"] for e in first["evaluations"]] == [3, 6]
     capsys.readouterr()
     again = train.train_and_evaluate(config, str(tmp_path))
-    assert "already finished: step 4 of 4" in capsys.readouterr().out
+    assert "already finished: step 6 of 6" in capsys.readouterr().out
     assert again == json.loads((tmp_path / "results.json").read_text()) == json.loads(
         json.dumps(first))
     # a longer run keeps the evaluations of the steps it resumes after
-    config.total_steps = 6
+    config.total_steps = 9
     longer = train.train_and_evaluate(config, str(tmp_path))
-    assert longer["resumed_from"] == 4
-    assert [e["step"] for e in longer["evaluations"]] == [2, 4, 6]
+    assert longer["resumed_from"] == 6
+    assert [e["step"] for e in longer["evaluations"]] == [3, 6, 9]
     assert longer["evaluations"][0] == json.loads(json.dumps(first["evaluations"][0]))

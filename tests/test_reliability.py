@@ -94,6 +94,10 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
 
 
 def quick(**overrides):
+    """The SimCLR quick config without evaluation. The in-process runs of the suite use
+    ``total_steps`` in {6, 9, 12} (checkpoints every 3), so that each run's train step is a
+    program an earlier run of the session compiled (the persistent compilation cache,
+    tests/conftest.py); the length of the schedule is part of the compiled program."""
     config = load_config("simclr_mnist1d.py:quick")
     config.evaluation.enabled = False
     for key, value in overrides.items():
@@ -118,15 +122,15 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restored(
     for path in latest.rglob("*"):  # corrupt every data file of the newest checkpoint
         if path.is_file() and path.stat().st_size > 0:
             path.write_bytes(b"\0" * 7)
-    results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
+    results = train.train_and_evaluate(quick(total_steps=9, checkpoint_every=3),
                                        str(tmp_path))
     out = capsys.readouterr().out
     assert "checkpoint 6" in out and "moved aside" in out and results["resumed_from"] == 3
     assert _set_aside(tmp_path) == ["6-damaged"]  # kept for inspection, not deleted
-    assert _saved_steps(tmp_path) == [3, 6, 8]  # step 6 saved again by the rerun
+    assert _saved_steps(tmp_path) == [3, 6, 9]  # step 6 saved again by the rerun
     # the workdir is not stuck: the next run resumes from the new checkpoint
-    again = train.train_and_evaluate(quick(total_steps=10, checkpoint_every=3), str(tmp_path))
-    assert again["resumed_from"] == 8
+    again = train.train_and_evaluate(quick(total_steps=12, checkpoint_every=3), str(tmp_path))
+    assert again["resumed_from"] == 9
 
 
 def test_non_finite_newest_checkpoint_is_moved_aside(tmp_path, capsys):
@@ -169,14 +173,14 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
     assert (caught.value.step, caught.value.in_a_row) == (9, 3)
     assert _set_aside(tmp_path) == ["6-diverged", "9-diverged"]
     assert _saved_steps(tmp_path) == [3]
-    results = train.train_and_evaluate(quick(total_steps=8, checkpoint_every=3),
+    results = train.train_and_evaluate(quick(total_steps=9, checkpoint_every=3),
                                        str(tmp_path), accept_config_change=True)
     assert results["resumed_from"] == 3
 
 
 def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_path):
-    train.train_and_evaluate(quick(total_steps=3, checkpoint_every=3), str(tmp_path))
-    wider = quick(total_steps=6)
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    wider = quick(total_steps=9)
     wider.model.encoder.features = 24
     with pytest.raises(ConfigError, match=r"another config.*model\.encoder\.features: 16 -> 24"):
         train.train_and_evaluate(wider, str(tmp_path))  # workdir/config.json tells first
@@ -186,7 +190,7 @@ def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_pat
         if step.name.isdigit():
             shutil.rmtree(step / "state")
     with pytest.raises(CheckpointError, match=r"none of the checkpoints.*can be restored"):
-        train.train_and_evaluate(quick(total_steps=6), str(tmp_path))
+        train.train_and_evaluate(quick(total_steps=9), str(tmp_path))
 
 
 def test_checkpoints_of_another_state_layout_are_a_clear_error(tmp_path):
@@ -219,7 +223,7 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
         train.train_and_evaluate(config, str(tmp_path))  # every update refused: steps 1-3
 
 
-@pytest.mark.parametrize("argv, message", [
+USER_ERRORS = [
     (["--config.data.batchsize=8"], 'unknown config key .*Did you mean "batch_size"'),
     (["--config.model.xyzzy_setting=1"], "unknown config key xyzzy_setting"),  # no close match
     (["--config.loss.temperature=0"], "loss.temperature must be > 0"),
@@ -233,16 +237,41 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
     (["--workdir="], "--workdir is empty"),
     (["--config.optimizer.learning_rate=nan"], "learning_rate must be a finite .* got nan"),
     (["--config.optimizer.learning_rate=inf"], "learning_rate must be a finite .* got inf"),
-])
-def test_user_errors_exit_2_with_one_paragraph(tmp_path, argv, message):
+]
+
+
+def run_command_lines(commands: list[list[str]], env: dict | None = None) -> list:
+    """``contrastive_jax.main`` with each of ``commands`` (the arguments after ``-m
+    contrastive_jax.main``), one forked child each of one interpreter
+    (tests/forked_command_lines.py): each result has the command's ``returncode``,
+    ``stdout`` and ``stderr``."""
+    request = json.dumps([{"args": args, "env": env or {}} for args in commands])
+    run = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "forked_command_lines.py"))], input=request, env=environment(), cwd=REPO,
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [SimpleNamespace(**r) for r in json.loads(run.stdout.splitlines()[-1])]
+
+
+@pytest.fixture(scope="module")
+def user_error_runs(tmp_path_factory):
+    """Every command line of USER_ERRORS, run once (one interpreter, a fork each)."""
+    commands = []
+    for argv, _ in USER_ERRORS:
+        base = command(tmp_path_factory.mktemp("w") / "w")[3:]
+        if argv[0].startswith("--config="):  # another config file or variant instead of QUICK's
+            base = [a for a in base if not a.startswith("--config")] + argv[:1]
+            argv = argv[1:]
+        commands.append(base + argv)
+    return run_command_lines(commands)
+
+
+@pytest.mark.parametrize("case", range(len(USER_ERRORS)),
+                         ids=[f"{argv[-1]}" for argv, _ in USER_ERRORS])
+def test_user_errors_exit_2_with_one_paragraph(user_error_runs, case):
     import re
 
-    base = command(tmp_path / "w")
-    if argv[0].startswith("--config="):  # another config file or variant instead of QUICK's
-        base = [a for a in base if not a.startswith("--config")] + argv[:1]
-        argv = argv[1:]
-    run = subprocess.run(base + argv, env=environment(), cwd=REPO, capture_output=True,
-                         text=True, timeout=300)
+    message, run = USER_ERRORS[case][1], user_error_runs[case]
     assert run.returncode == 2, run.stderr[-2000:]
     assert re.search(message, run.stderr, re.S), run.stderr[-2000:]
     assert "Traceback" not in run.stderr and run.stderr.count("error:") == 1

@@ -41,14 +41,16 @@ def test_fsdp_spec_takes_the_largest_divisible_dimension():
     assert fsdp_spec((64, 64), "data", 8, 2**14) == P()  # below min_size
 
 
-@pytest.mark.parametrize("spec", ["clip_mnist1d.py:quick", "simclr_mnist1d.py:quick"])
+@pytest.mark.parametrize("spec", ["clip_mnist1d.py:quick", "moco_mnist1d.py:quick"])
 def test_fsdp_steps_equal_replicated_steps(spec):
-    """Three train steps of the CLIP and SimCLR configs (SimCLR: BatchNorm over the global
-    batch) in float64: every parameter, optimiser and BatchNorm leaf equal to the replicated
-    run's to 1e-12 relative; and the FSDP state really is split (each device holds 1/8 of
-    every leaf that divides, checked on the output arrays' shardings). SGD with momentum and
-    weight decay: Adam divides by sqrt(v), so a leaf whose exact gradient is 0 (the attention's
-    key bias) would move by rounding noise / eps in either run."""
+    """Three train steps of the CLIP and MoCo configs (MoCo: SimCLR's CNN and BatchNorm head
+    over the global batch as its query side, plus the momentum key encoder and the queue) in
+    float64: every parameter, optimiser, BatchNorm, key-encoder and queue leaf equal to the
+    replicated run's to 1e-12 relative; and the FSDP state really is split (each device holds
+    1/8 of every leaf that divides, checked on the output arrays' shardings, MoCo's queue and
+    key encoder included). SGD with momentum and weight decay: Adam divides by sqrt(v), so a
+    leaf whose exact gradient is 0 (the attention's key bias) would move by rounding noise /
+    eps in either run."""
     config = load_config(spec)
     config.optimizer.update({"name": "sgd", "learning_rate": 0.05, "weight_decay": 1e-3})
     mesh = make_mesh({"data": 8})
@@ -70,6 +72,14 @@ def test_fsdp_steps_equal_replicated_steps(spec):
         split = [leaf for leaf in jax.tree.leaves(finals["fsdp"].params)
                  if not leaf.sharding.is_fully_replicated]
         assert len(split) >= len(jax.tree.leaves(state.params)) // 2
+        if spec.startswith("moco"):  # the key encoder and the queue are split as well
+            extra = [leaf for leaf in jax.tree.leaves(finals["fsdp"].extra)
+                     if not leaf.sharding.is_fully_replicated]
+            assert len(extra) >= len(jax.tree.leaves(state.extra)) // 2
+            split += extra
+            queue = max(jax.tree.leaves(finals["fsdp"].extra), key=lambda leaf: leaf.size)
+            assert queue.shape[0] == config.model.queue_size
+            assert any(leaf is queue for leaf in extra)
         for leaf in split:
             assert leaf.addressable_shards[0].data.size * 8 == leaf.size
         moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))),

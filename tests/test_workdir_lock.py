@@ -40,7 +40,7 @@ def test_a_second_trainer_stops_naming_the_first_and_a_killed_one_leaves_no_lock
         assert info["pid"] == holder.pid
         with pytest.raises(WorkdirError, match=rf"in use by another trainer \(pid {holder.pid} "
                                                r"on host .*choose another --workdir"):
-            train.train_and_evaluate(quick(total_steps=2), str(tmp_path))
+            train.train_and_evaluate(quick(), str(tmp_path))
         assert not (tmp_path / "checkpoints").exists()  # stopped before touching anything
         # the command line: exit 2, one paragraph
         cli = subprocess.run(command(tmp_path, "--config.total_steps=2"), cwd=REPO,
@@ -51,8 +51,8 @@ def test_a_second_trainer_stops_naming_the_first_and_a_killed_one_leaves_no_lock
         os.kill(holder.pid, signal.SIGKILL)  # kill -9: no chance to clean up
         holder.wait()
     assert (tmp_path / LOCK_FILE).exists()  # the file stays; nothing holds it
-    results = train.train_and_evaluate(quick(total_steps=2), str(tmp_path))
-    assert results["steps"] == 2
+    results = train.train_and_evaluate(quick(), str(tmp_path))  # the quick config's 6 steps
+    assert results["steps"] == 6
 
 
 def test_the_lock_is_released_when_the_block_ends_even_by_an_error(tmp_path):
