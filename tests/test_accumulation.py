@@ -17,15 +17,16 @@ import pytest
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
-from contrastive_jax.training.accumulation import (
+from contrastive_jax.training.config import base_config
+from contrastive_jax.training.methods import method_for
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.accumulation import (
     check_accumulation,
     from_micro_batches,
     step_gradients,
     to_micro_batches,
 )
-from contrastive_jax.training.config import base_config
-from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step.train_state import create_state
 
 B, TOKENS, VOCAB = 64, 6, 24
 VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 1,
@@ -77,7 +78,7 @@ def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     m = method_for(config)
     graphdef, state, tx = create_state(config, 10, m)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef)
     return config, mesh, m, graphdef, float64(state), tx, ctx
 
 
@@ -149,7 +150,7 @@ def test_updated_parameters_and_state_equal():
             mesh, jax.sharding.PartitionSpec("data")))
         new = {}
         for k in (1, 4):
-            step = jax.jit(lambda s, b, k=k: train.train_step(
+            step = jax.jit(lambda s, b, k=k: train_step.train_step(
                 s, b, graphdef=graphdef, tx=tx, method=m, ctx=ctx, accumulation_steps=k))
             new[k], _ = step(state, batch)
         moves = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), new[1].params,

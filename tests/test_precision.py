@@ -22,7 +22,8 @@ from contrastive_jax.training import train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.train_state import create_state
 
 TEXT = {"name": "text_transformer", "vocab_size": 24, "max_tokens": 6, "width": 16, "depth": 1,
         "heads": 2, "features": 16, "dropout": 0.1}
@@ -102,7 +103,7 @@ def step_hlo_ops(spec: str, dtype: str) -> Counter:
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, tx = create_state(config, 12, method)
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 12, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 12, method)
     batch = next(train_iterator(config.data, mesh))
     text = step.lower(state, batch).as_text(dialect="hlo")
     return Counter(re.findall(r"= (\w+)\[[^\]]*\](?:\{[^}]*\})? "
@@ -133,7 +134,7 @@ def quick_loss_and_grads(dtype: str):
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, _ = create_state(config, 100, method)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef)
     batch = next(train_iterator(config.data, mesh))
     keys = jax.random.split(jax.random.key(0), config.data.batch_size)
 

@@ -134,7 +134,8 @@ class MethodContext:
     text_key: str
     augment: Any  # a frozen augmentation config, or None
     graphdef: Any = None  # the model's graph (MoCo rebuilds its key encoder from it)
-    # model.frozen: top-level parameters that stay fixed (contrastive_jax.training.frozen_towers)
+    # model.frozen: top-level parameters that stay fixed
+    # (contrastive_jax.training.models.locked_towers)
     frozen: tuple[str, ...] = ()
 
 
@@ -154,8 +155,8 @@ class Method(abc.ABC):
     :meth:`embed` maps each example to its differentiable rows (embeddings), :meth:`targets`
     to rows that take no gradient (MoCo's momentum keys), and :meth:`objective` is the loss on
     the whole global batch of rows. The split is what makes gradient accumulation exact
-    (:mod:`contrastive_jax.training.accumulation`): rows are computed micro-batch by micro-batch,
-    the objective once.
+    (:mod:`contrastive_jax.training.step.accumulation`): rows are computed micro-batch by
+    micro-batch, the objective once.
 
     ``keys (B,)`` holds one PRNG key per example (augmentations, dropout), so an example's
     randomness does not depend on the micro-batch it sits in.

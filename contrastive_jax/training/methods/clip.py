@@ -16,16 +16,16 @@ from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_siglip_los
 from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.training.augmentations import augment_each
-from contrastive_jax.training.frozen_towers import trains
 from contrastive_jax.training.methods.base import Method, MethodContext, example_keys
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 from contrastive_jax.training.models.dropout import fold_each
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+from contrastive_jax.training.models.locked_towers import trains
 
 
 def _embed(model, batch, keys, ctx: MethodContext) -> dict:
     """``{"x", "y"}``: the two towers' embeddings of the (augmented) samples and the captions,
     as ``model(sample, tokens, train=True)``, except that a frozen tower (``ctx.frozen``) runs
-    in inference mode (:mod:`contrastive_jax.training.frozen_towers`)."""
+    in inference mode (:mod:`contrastive_jax.training.models.locked_towers`)."""
     sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
     aug_keys, dropout_keys = example_keys(keys)
     if ctx.augment is not None:

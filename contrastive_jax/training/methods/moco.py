@@ -28,7 +28,7 @@ from contrastive_jax.training.methods.base import (
     example_keys,
     temperature_of,
 )
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
 def momentum_update(key_params, query_params, momentum: float):

@@ -19,8 +19,8 @@ from contrastive_jax.training.methods.base import (
     example_keys,
     temperature_of,
 )
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 from contrastive_jax.training.models.dropout import fold_each
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
 class SimCLR(Method):

@@ -49,7 +49,7 @@ from etils import epath
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.state_sharding import path_name
+from contrastive_jax.training.step.state_sharding import path_name
 
 FIELDS = ("path", "source", "target")
 # model settings that do not change the function (compute dtype, rematerialisation) or are

@@ -9,7 +9,7 @@ continue another experiment, so it stops with the list of differences, unless th
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``. Both files are read and written through
 :class:`etils.epath.Path`, so a ``gs://`` workdir works the same
-(:mod:`~contrastive_jax.training.workdir_path`).
+(:mod:`~contrastive_jax.training.run.workdir_path`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import ml_collections
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import json_output
+from contrastive_jax.training.run import json_output
 
 RECORD = "config.json"
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
