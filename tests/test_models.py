@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from contrastive_jax.training.methods import moco
+from contrastive_jax.training.methods import momentum_contrast as moco
 from contrastive_jax.training.models import build_encoder, build_model
 
 

@@ -15,9 +15,9 @@ from contrastive_jax.training.methods.base import (
     MethodContext,
     temperature_of,
 )
-from contrastive_jax.training.methods.clip import CLIP, SigLIP
+from contrastive_jax.training.methods.clip_siglip import CLIP, SigLIP
 from contrastive_jax.training.methods.mi_critic import MICritic
-from contrastive_jax.training.methods.moco import MoCo
+from contrastive_jax.training.methods.momentum_contrast import MoCo
 from contrastive_jax.training.methods.simclr import SimCLR
 
 METHODS = {"simclr": SimCLR, "moco": MoCo, "clip": CLIP, "siglip": SigLIP, "mi_critic": MICritic}

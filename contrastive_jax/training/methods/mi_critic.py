@@ -12,7 +12,7 @@ from contrastive_jax.training.data.correlated_gaussians import (
     CorrelatedGaussians,
     mutual_information,
 )
-from contrastive_jax.training.methods.clip import CLIP
+from contrastive_jax.training.methods.clip_siglip import CLIP
 
 
 class MICritic(CLIP):

@@ -22,8 +22,8 @@ class SimCLR(nnx.Module):
     ``log_scale = log(1 / tau)``, a parameter trained with the rest (the temperature ablation);
     otherwise tau is fixed by the loss config. MoCo's query encoder is the same module; its key
     encoder is a copy of the parameters kept in the train state
-    (:mod:`contrastive_jax.training.methods.moco`). ``z`` and ``h`` leave the module in float32
-    (or float64) whatever the compute dtype (:func:`.precision.loss_dtype`).
+    (:mod:`contrastive_jax.training.methods.momentum_contrast`). ``z`` and ``h`` leave the
+    module in float32 (or float64) whatever the compute dtype (:func:`.precision.loss_dtype`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
