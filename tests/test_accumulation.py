@@ -47,10 +47,10 @@ def make_config(method: str, **loss) -> ml_collections.ConfigDict:
         if method == "siglip":  # a bias near the data's scale, so its gradient is not tiny
             config.model.init_bias = -1.0
     else:  # no BatchNorm in the head: BN statistics are per micro-batch by definition
-        config.model = {"name": method, "encoder": VIT, "learn_temperature": True,
+        config.model = {"name": "projected_encoder", "encoder": VIT, "learn_temperature": True,
                         "head": {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}}
         if method == "moco":
-            config.model.queue_size = 2 * B
+            config.moco = {"queue_size": 2 * B}
     config.method = method
     config.loss = {"name": {"clip": "clip", "siglip": "siglip", "simclr": "nt_xent",
                             "moco": "moco"}[method], "temperature": 0.2, **loss}
@@ -78,7 +78,7 @@ def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     m = method_for(config)
     graphdef, state, tx = create_state(config, 10, m)
-    ctx = train_step.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, m)
     return config, mesh, m, graphdef, float64(state), tx, ctx
 
 

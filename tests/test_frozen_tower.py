@@ -128,7 +128,7 @@ def test_trained_tower_gradient_equals_the_unfrozen_gradient(k):
         grads = {}
         for frozen in ("", "sample_encoder"):
             config, mesh, method, graphdef, state = gradient_setup(MLP, frozen)
-            ctx = train_step.make_context(config, mesh, graphdef)
+            ctx = train_step.make_context(config, mesh, graphdef, method)
             fn = jax.jit(lambda p, r, b, kk, ctx=ctx, m=method, g=graphdef: step_gradients(
                 p, r, b, kk, {}, graphdef=g, method=m, ctx=ctx, accumulation_steps=k)[:2])
             grads[frozen] = fn(state.params, state.rest, batch, keys)
@@ -154,7 +154,7 @@ def test_frozen_batch_norm_tower_runs_in_inference_mode():
         config, mesh, method, graphdef, state = gradient_setup(cnn, "sample_encoder")
         rest = jax.tree.map(lambda a: a + 0.3, state.rest)  # statistics away from 0 and 1
         batch, keys = signal_batch((40, 1)), jax.random.split(jax.random.key(5), B)
-        ctx = train_step.make_context(config, mesh, graphdef)
+        ctx = train_step.make_context(config, mesh, graphdef, method)
         loss, grads, _, _, new_rest, _ = jax.jit(lambda p, r, b, kk: step_gradients(
             p, r, b, kk, {}, graphdef=graphdef, method=method, ctx=ctx))(
             state.params, rest, batch, keys)
@@ -179,7 +179,7 @@ def count_convolutions(frozen):
     cnn = {"name": "signal_cnn", "length": 40, "channels": (8, 8, 8), "kernel_sizes": (5, 3, 3),
            "strides": (1, 1, 1), "features": 16}
     config, mesh, method, graphdef, state = gradient_setup(cnn, frozen, devices=1)
-    ctx = train_step.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, method)
     batch, keys = signal_batch((40, 1)), jax.random.split(jax.random.key(5), B)
     jaxpr = jax.make_jaxpr(lambda p: step_gradients(
         p, state.rest, batch, keys, {}, graphdef=graphdef, method=method, ctx=ctx)[1])(

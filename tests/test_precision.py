@@ -35,8 +35,8 @@ ENCODERS = [
      "strides": (1,), "features": 16},
     {"name": "mlp", "in_features": 5, "hidden": 8, "features": 16},
 ]
-MODELS = [{"name": "simclr", "encoder": e, "head": {"hidden": 8, "out": 4}} for e in ENCODERS] + [
-    {"name": "moco", "encoder": ENCODERS[1], "queue_size": 64},
+MODELS = [{"name": "projected_encoder", "encoder": e, "head": {"hidden": 8, "out": 4}}
+          for e in ENCODERS] + [
     {"name": "dual_encoder", "sample_encoder": ENCODERS[0], "text_encoder": TEXT,
      "embed_dim": 8, "siglip": True},
 ]
@@ -134,7 +134,7 @@ def quick_loss_and_grads(dtype: str):
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, _ = create_state(config, 100, method)
-    ctx = train_step.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, method)
     batch = next(train_iterator(config.data, mesh))
     keys = jax.random.split(jax.random.key(0), config.data.batch_size)
 

@@ -291,7 +291,7 @@ def test_unwritable_workdir_is_a_short_error(tmp_path):
 def test_moco_queue_and_digest():
     with pytest.raises(ValueError, match="multiple of the global batch"):
         config = load_config("moco_mnist1d.py:quick")
-        config.model.queue_size = 100
+        config.moco.queue_size = 100
         method_for(config)
     state = SimpleNamespace(params={"w": np.ones(3, np.float32)}, rest={})
     bumped = np.array([1, 1, np.nextafter(np.float32(1), np.float32(2))], np.float32)

@@ -129,10 +129,10 @@ def step_config(method: str, remat: bool) -> ml_collections.ConfigDict:
                         "embed_dim": 8}
         config.loss = {"name": "clip"}
     else:  # MoCo: ResNet encoder and a BatchNorm head, statistics in the model and the key copy
-        config.model = {"name": method, "encoder": RESNET, "learn_temperature": True,
-                        "head": {"hidden": 16, "out": 8, "layers": 2}}
+        config.model = {"name": "projected_encoder", "encoder": RESNET,
+                        "learn_temperature": True, "head": {"hidden": 16, "out": 8, "layers": 2}}
         config.loss = {"name": "moco", "temperature": 0.2}
-        config.model.queue_size = 2 * B
+        config.moco = {"queue_size": 2 * B}
     config.model.remat = remat
     config.method = method
     config.optimizer = {"name": "sgd", "learning_rate": 0.1, "warmup_steps": 0,
@@ -146,7 +146,7 @@ def one_step(method: str, remat: bool):
     mesh = make_mesh({"data": 8})
     m = method_for(config)
     graphdef, state, tx = create_state(config, 10, m)
-    ctx = train_step.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, m)
     rng = np.random.default_rng(1)
     tokens = rng.integers(1, 24, (B, 6))
     tokens[:, 4:] *= rng.integers(0, 2, (B, 1))

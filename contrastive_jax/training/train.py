@@ -52,7 +52,7 @@ from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.frozen_model import evaluate
-from contrastive_jax.training.methods import LossSettings, Method, method_for
+from contrastive_jax.training.methods import Method, method_for
 from contrastive_jax.training.run import checkpoints, init_from, json_output
 from contrastive_jax.training.run.config_record import check_config, write_config
 from contrastive_jax.training.run.preemption import StopSignal
@@ -135,14 +135,15 @@ def check_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> int:
     return accumulation_steps(config, mesh.shape[DATA_AXIS])
 
 
-def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike
-                ) -> tuple[Run, TrainState]:
-    """The run's mesh, method, data, model and optimiser, and a fresh state on the mesh.
+def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+                method: Method | None = None) -> tuple[Run, TrainState]:
+    """The run's mesh, method (``method``, else :func:`method_for` the config), data, model and
+    optimiser, and a fresh state on the mesh.
 
     Bad settings fail here, before any compilation, with a :class:`ConfigError`.
     """
     start = time.perf_counter()
-    method = method_for(config)
+    method = method_for(config) if method is None else method
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     accumulation = check_batch(config, mesh)
     source = open_split(config.data.name, config.data.train_split,
@@ -164,11 +165,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     :class:`ConfigError` listing the differences unless ``accept_config_change``
     (:mod:`~contrastive_jax.training.run.config_record`).
     """
-    LossSettings.from_config(config.loss)  # bad loss settings fail before any work
+    method = method_for(config)  # bad method or loss settings fail before any work
     workdir_path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock(workdir):
         try:
-            return _locked(config, workdir, accept_config_change)
+            return _locked(config, workdir, accept_config_change, method)
         except Exception as err:  # damaged record files show only when read
             damaged = damaged_data_error(err, config.data.name, config.data.data_dir or None)
             if damaged is None:
@@ -176,10 +177,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
             raise damaged from None
 
 
-def _locked(config: ml_collections.ConfigDict, workdir: str,
-            accept_config_change: bool) -> dict[str, Any]:
+def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_change: bool,
+            method: Method) -> dict[str, Any]:
     """:func:`train_and_evaluate` once it holds the workdir's lock."""
-    run, state = prepare_run(config, workdir)
+    run, state = prepare_run(config, workdir, method)
     manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
                                   keep=config.keep_checkpoints)
     try:

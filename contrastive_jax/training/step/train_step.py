@@ -18,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.mesh import DATA_AXIS
-from contrastive_jax.training.methods import LossSettings, Method, MethodContext
+from contrastive_jax.training.methods import Method, MethodContext
 from contrastive_jax.training.models.locked_towers import frozen_names, keep_frozen
 from contrastive_jax.training.step.accumulation import accumulation_steps, step_gradients
 from contrastive_jax.training.step.optimizers import clamp_log_scale, current_learning_rate
@@ -72,10 +72,11 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     return new, metrics
 
 
-def make_context(config, mesh: Mesh, graphdef) -> MethodContext:
-    """What the method needs from the config (static under ``jit``)."""
+def make_context(config, mesh: Mesh, graphdef, method: Method) -> MethodContext:
+    """What the method needs from the config (static under ``jit``); the loss settings are the
+    method's own, parsed once by :func:`~contrastive_jax.training.methods.method_for`."""
     augment = config.get("augment")
-    return MethodContext(loss=LossSettings.from_config(config.loss), mesh=mesh,
+    return MethodContext(loss=method.loss_settings, mesh=mesh,
                          input_key=config.input_key, text_key=config.get("text_key", "caption"),
                          augment=None if augment is None else augment.to_dict(),
                          graphdef=graphdef, frozen=frozen_names(config.model))
@@ -86,7 +87,7 @@ def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,
     """:func:`train_step` jitted over the mesh: the state (donated) keeps the shardings of
     ``config.sharding`` (:func:`~contrastive_jax.training.step.state_sharding.state_shardings`),
     the batch is split over ``data``."""
-    ctx = make_context(config, mesh, graphdef)
+    ctx = make_context(config, mesh, graphdef, method)
     schedule = functools.partial(current_learning_rate, config.optimizer.to_dict(), steps)
     step = functools.partial(train_step, graphdef=graphdef, tx=tx, method=method, ctx=ctx,
                              learning_rate=schedule,
