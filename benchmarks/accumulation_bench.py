@@ -53,15 +53,15 @@ def measure(batch: int, steps: int, runs: int) -> dict:
     import numpy as np
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training import train
     from contrastive_jax.training.methods import method_for
-    from contrastive_jax.training.train_state import create_state
+    from contrastive_jax.training.step import train_step
+    from contrastive_jax.training.step.train_state import create_state
 
     config = make_config(batch, steps)
     mesh = make_mesh({"data": 1}, jax.devices()[:1])
     method = method_for(config)
     graphdef, state, tx = create_state(config, 100, method)
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 100, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 100, method)
     rng = np.random.default_rng(0)
     data = {"image": rng.uniform(0, 1, (batch, 32, 32, 3)).astype(np.float32),
             "caption": rng.integers(1, 1000, (batch, 16)).astype(np.int32)}

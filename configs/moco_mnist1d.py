@@ -23,20 +23,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.update({"name": "mnist1d", "batch_size": v.batch, "seed": v.seed})
     config.input_key = "signal"
     config.augment = augmentations.default_config("signal")
-    config.model = {
-        "name": "moco",
+    config.model = {  # MoCo's query encoder; the key encoder and the queue are the method's
+        "name": "projected_encoder",
         "encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
                     "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256},
         "head": {"hidden": 256, "out": 128, "layers": 2},
-        "momentum": v.momentum,
-        "queue_size": v.queue,
     }
     config.method = "moco"
+    config.moco = {"momentum": v.momentum, "queue_size": v.queue}  # MoCoSettings
     config.loss = {"name": "moco", "temperature": v.temperature}
     config.optimizer = {"name": "adamw", "learning_rate": 2e-3, "warmup_steps": 50,
                         "weight_decay": 1e-4}
     if v.quick:
-        config.model.queue_size = 256
+        config.moco.queue_size = 256
         make_quick(config)
         config.model.encoder.update(TINY_SIGNAL_CNN)
         config.model.head = {"hidden": 16, "out": 8, "layers": 2}

@@ -24,7 +24,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.input_key = "signal"
     config.augment = augmentations.default_config("signal")
     config.model = {
-        "name": "simclr",
+        "name": "projected_encoder",
         # full time resolution, mean-pooled: MNIST-1D translates its digits circularly, so
         # absolute position is a nuisance (a search over strides, widths and pooling)
         "encoder": {"name": "signal_cnn", "length": 40, "channels": (32, 64, 64),

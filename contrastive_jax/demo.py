@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from contrastive_jax.analytic import gradcheck
 from contrastive_jax.losses import clip_loss, info_nce, mi_lower_bound, moco_infonce, nt_xent
-from contrastive_jax.training.compilation_cache import enable_compilation_cache
+from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
 
 
 def correlated_pairs(key: jax.Array, n: int, d: int, rho: float) -> tuple[jax.Array, jax.Array]:

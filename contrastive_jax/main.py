@@ -35,13 +35,13 @@ from contrastive_jax.errors import (
     storage_cause,
     storage_message,
 )
-from contrastive_jax.training.compilation_cache import enable_compilation_cache
-from contrastive_jax.training.distributed import (
+from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
+from contrastive_jax.training.run.distributed import (
     check_same_config,
     initialize,
     launch_settings,
 )
-from contrastive_jax.training.workdir_path import is_remote, workdir_path
+from contrastive_jax.training.run.workdir_path import is_remote, workdir_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
@@ -54,7 +54,7 @@ _ACCEPT_CHANGE = flags.DEFINE_bool(
 
 def check_workdir(workdir: str) -> None:
     """Check ``--workdir`` (a local path or ``gs://...``:
-    :func:`~contrastive_jax.training.workdir_path.workdir_path`), create it if needed and check
+    :func:`~contrastive_jax.training.run.workdir_path.workdir_path`), create it if needed and check
     that a file can be written there (on ``gs://``: an object, so missing credentials or
     permissions show here, before any work)."""
     path = workdir_path(workdir)

@@ -7,7 +7,7 @@ inputs (no parameter is initialised, no data is read), and prints what one devic
 parameters, optimiser state, the other state (BatchNorm statistics, MoCo's queue), the batch,
 and the compiled step's temporaries; then, against named accelerators, whether that fits
 (:data:`CHIPS`). The state bytes follow exactly from the shapes and ``config.sharding``
-(:mod:`contrastive_jax.training.state_sharding`); the temporaries are XLA:CPU's for the same
+(:mod:`contrastive_jax.training.step.state_sharding`); the temporaries are XLA:CPU's for the same
 partitioned program, an approximation of the accelerator's (the TPU and GPU compilers fuse,
 lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
 The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
@@ -109,12 +109,13 @@ def plan(config, mesh) -> Plan:
     from contrastive_jax.mesh import DATA_AXIS
     from contrastive_jax.training.methods import method_for
     from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
-    from contrastive_jax.training.state_sharding import bytes_per_device, state_shardings
-    from contrastive_jax.training.train import check_batch, compiled_step
-    from contrastive_jax.training.train_state import create_state
+    from contrastive_jax.training.step.state_sharding import bytes_per_device, state_shardings
+    from contrastive_jax.training.step.train_state import create_state
+    from contrastive_jax.training.step.train_step import compiled_step
+    from contrastive_jax.training.train import check_batch
 
     method = method_for(config)
-    check_batch(config, mesh)
+    accumulation = check_batch(config, mesh)
     steps = int(config.get("total_steps") or 1000)  # the schedule does not change memory
     built = {}
 
@@ -143,7 +144,7 @@ def plan(config, mesh) -> Plan:
                                                      "skipped_in_a_row")}
     return Plan(
         devices=int(mesh.devices.size), global_batch=rows,
-        accumulation_steps=int(config.get("accumulation_steps", 1)),
+        accumulation_steps=accumulation,
         params=bytes_per_device(part["params"], shardings.params),
         opt_state=bytes_per_device(part["opt_state"], shardings.opt_state),
         other_state=bytes_per_device(other, {k: getattr(shardings, k) for k in other}),
@@ -217,7 +218,7 @@ def main(argv: Sequence[str]) -> None:
     result = plan(config, mesh)
     print(report(result, name, chips))
     if _JSON.value:
-        from contrastive_jax.training import json_output
+        from contrastive_jax.training.run import json_output
 
         json_output.write_atomic(_JSON.value, {
             **dataclasses.asdict(result), "total": result.total,

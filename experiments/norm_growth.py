@@ -28,7 +28,7 @@ import numpy as np
 
 from common import reporting, sweep
 from common.reporting import accuracies, accuracy_cells, command, load_config, markdown_table
-from contrastive_jax.training.optimizers import leaf_names
+from contrastive_jax.training.step.optimizers import leaf_names
 
 CONFIG = "configs/simclr_mnist1d.py"
 DOT = {"loss.normalize": False, "loss.impl": "autodiff"}

@@ -19,15 +19,16 @@ import pytest
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
-from contrastive_jax.training.accumulation import (
+from contrastive_jax.training.config import base_config
+from contrastive_jax.training.methods import method_for
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.accumulation import (
     check_accumulation,
     from_micro_batches,
     step_gradients,
     to_micro_batches,
 )
-from contrastive_jax.training.config import base_config
-from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step.train_state import create_state
 
 B, TOKENS, VOCAB = 64, 6, 24
 VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 1,
@@ -48,10 +49,10 @@ def make_config(method: str, **loss) -> ml_collections.ConfigDict:
         if method == "siglip":  # a bias near the data's scale, so its gradient is not tiny
             config.model.init_bias = -1.0
     else:  # no BatchNorm in the head: BN statistics are per micro-batch by definition
-        config.model = {"name": method, "encoder": VIT, "learn_temperature": True,
+        config.model = {"name": "projected_encoder", "encoder": VIT, "learn_temperature": True,
                         "head": {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}}
         if method == "moco":
-            config.model.queue_size = 2 * B
+            config.moco = {"queue_size": 2 * B}
     config.method = method
     config.loss = {"name": {"clip": "clip", "siglip": "siglip", "simclr": "nt_xent",
                             "moco": "moco"}[method], "temperature": 0.2, **loss}
@@ -79,7 +80,7 @@ def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
     mesh = make_mesh({"data": devices}, jax.devices()[:devices])
     m = method_for(config)
     graphdef, state, tx = create_state(config, 10, m)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, m)
     return config, mesh, m, graphdef, float64(state), tx, ctx
 
 
@@ -151,7 +152,7 @@ def test_updated_parameters_and_state_equal():
             mesh, jax.sharding.PartitionSpec("data")))
         new = {}
         for k in (1, 4):
-            step = jax.jit(lambda s, b, k=k: train.train_step(
+            step = jax.jit(lambda s, b, k=k: train_step.train_step(
                 s, b, graphdef=graphdef, tx=tx, method=m, ctx=ctx, accumulation_steps=k))
             new[k], _ = step(state, batch)
         moves = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), new[1].params,

@@ -9,7 +9,9 @@ Layers, lowest first (docs/architecture.md):
    evaluation;
 4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``: the command lines.
 
-Experiment helpers live in ``experiments/common``, outside the package.
+Experiment helpers live in ``experiments/common``, outside the package. Inside layer 3, the
+rooms of ``contrastive_jax.training`` (methods, models, step, run, ...) import each other only as
+:data:`TRAINING_ROOMS` allows.
 """
 
 import ast
@@ -173,3 +175,56 @@ def test_the_losses_rooms_import_only_along_their_arrows():
         "contrastive_jax.losses.tiling.tile (tiling.tile)",
         "contrastive_jax.losses.tiling.custom_vjps (tiling.custom_vjps) imports "
         "contrastive_jax.losses.clip (public losses)"]
+
+# --- the rooms of contrastive_jax.training -------------------------------------------------
+# Each folder (or root module) of contrastive_jax.training is a room; a room imports only the
+# rooms listed here (and the layers below the training layer: errors, mesh). "losses" stands
+# for contrastive_jax.losses: only the methods call the losses. docs/architecture.md draws it.
+TRAINING_ROOMS = {
+    "augmentations": set(),  # JAX augmentations of a batch
+    "data": set(),  # datasets, tokenizers, the grain input pipeline
+    "models": set(),  # Flax NNX encoders, heads, the model registry, locked towers
+    "methods": {"augmentations", "models", "losses"},  # SimCLR, MoCo, CLIP, SigLIP, MI critic
+    "evaluation": {"augmentations", "data", "models"},  # probes, zero-shot, retrieval
+    "step": {"methods", "models"},  # the train step, train state, accumulation, sharding
+    "run": {"step", "models"},  # workdir, lock, checkpoints, config record, outputs, ...
+    "config": {"step"},  # base_config (the state's sharding defaults)
+    "train": {"augmentations", "data", "models", "methods", "evaluation", "step", "run",
+              "config"},  # the loop
+}
+
+
+def training_room(module: str) -> str | None:
+    """``"methods"`` for ``contrastive_jax.training.methods.simclr``; ``"losses"`` for any
+    module of the losses; ``None`` for the package itself and for modules outside both."""
+    parts = module.split(".")
+    if parts[:2] == ["contrastive_jax", "losses"]:
+        return "losses"
+    if parts[:2] != ["contrastive_jax", "training"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def test_the_training_rooms_import_only_what_their_table_allows():
+    """Every module of contrastive_jax.training sits in a room of :data:`TRAINING_ROOMS` (a
+    new loose module at the training root fails here) and imports only the rooms its row
+    lists: a method importing the step or the data, the step importing the losses, fail."""
+    known = {name for name, _ in modules()}
+    rooms = {training_room(name) for name in known} - {None, "losses"}
+    assert rooms == set(TRAINING_ROOMS), (
+        f"rooms without a row: {sorted(rooms - set(TRAINING_ROOMS))}; rows without a room: "
+        f"{sorted(set(TRAINING_ROOMS) - rooms)}")
+    violations = []
+    for name, path in modules():
+        room = training_room(name)
+        if room in (None, "losses"):
+            continue
+        for target in set(imports(path, name)):
+            if not target.startswith("contrastive_jax") or target == "contrastive_jax.training":
+                continue
+            while target not in known and "." in target:
+                target = target.rpartition(".")[0]
+            other = training_room(target)
+            if other not in (None, room) and other not in TRAINING_ROOMS[room]:
+                violations.append(f"{name} ({room}) imports {target} ({other})")
+    assert not violations, "\n".join(violations)

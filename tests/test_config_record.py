@@ -11,7 +11,7 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import train
-from contrastive_jax.training.config_record import changes, flatten, plain
+from contrastive_jax.training.run.config_record import changes, flatten, plain
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))

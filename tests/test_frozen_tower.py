@@ -12,14 +12,14 @@ from test_train import load_config
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import clip_loss
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import train
-from contrastive_jax.training.accumulation import step_gradients
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.methods.base import example_keys
 from contrastive_jax.training.models.dropout import fold_each
-from contrastive_jax.training.state_sharding import path_name, state_shardings
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.accumulation import step_gradients
+from contrastive_jax.training.step.state_sharding import path_name, state_shardings
+from contrastive_jax.training.step.train_state import create_state
 
 
 def leaves_by_path(tree) -> dict[str, np.ndarray]:
@@ -53,7 +53,7 @@ def test_frozen_tower_is_bit_identical_and_has_no_optimizer_state(sharding, k):
     arrays = [p for p in opt_paths if not p.endswith("count")]
     assert len(arrays) == 2 * len(trainable)
     state = jax.device_put(state, state_shardings(config.sharding, mesh, state))
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 10, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
     before, rest_before = leaves_by_path(state.params), leaves_by_path(state.rest)
     new = state  # donated to the step
     batches = train_iterator(config.data, mesh)
@@ -83,7 +83,7 @@ def test_unfrozen_tower_batch_norm_statistics_move():
     method = method_for(config)
     graphdef, state, tx = create_state(config, 10, method)
     assert any("sample_encoder" in p for p in leaves_by_path(state.opt_state))
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 10, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
     params, rest = leaves_by_path(state.params), leaves_by_path(state.rest)
     batches = train_iterator(config.data, mesh)
     new, _ = step(state, next(batches))
@@ -128,7 +128,7 @@ def test_trained_tower_gradient_equals_the_unfrozen_gradient(k):
         grads = {}
         for frozen in ("", "sample_encoder"):
             config, mesh, method, graphdef, state = gradient_setup(MLP, frozen)
-            ctx = train.make_context(config, mesh, graphdef)
+            ctx = train_step.make_context(config, mesh, graphdef, method)
             fn = jax.jit(lambda p, r, b, kk, ctx=ctx, m=method, g=graphdef: step_gradients(
                 p, r, b, kk, {}, graphdef=g, method=m, ctx=ctx, accumulation_steps=k)[:2])
             grads[frozen] = fn(state.params, state.rest, batch, keys)
@@ -154,7 +154,7 @@ def test_frozen_batch_norm_tower_runs_in_inference_mode():
         config, mesh, method, graphdef, state = gradient_setup(cnn, "sample_encoder")
         rest = jax.tree.map(lambda a: a + 0.3, state.rest)  # statistics away from 0 and 1
         batch, keys = signal_batch((40, 1)), jax.random.split(jax.random.key(5), B)
-        ctx = train.make_context(config, mesh, graphdef)
+        ctx = train_step.make_context(config, mesh, graphdef, method)
         loss, grads, _, _, new_rest, _ = jax.jit(lambda p, r, b, kk: step_gradients(
             p, r, b, kk, {}, graphdef=graphdef, method=method, ctx=ctx))(
             state.params, rest, batch, keys)
@@ -179,7 +179,7 @@ def count_convolutions(frozen):
     cnn = {"name": "signal_cnn", "length": 40, "channels": (8, 8, 8), "kernel_sizes": (5, 3, 3),
            "strides": (1, 1, 1), "features": 16}
     config, mesh, method, graphdef, state = gradient_setup(cnn, frozen, devices=1)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, method)
     batch, keys = signal_batch((40, 1)), jax.random.split(jax.random.key(5), B)
     jaxpr = jax.make_jaxpr(lambda p: step_gradients(
         p, state.rest, batch, keys, {}, graphdef=graphdef, method=method, ctx=ctx)[1])(
@@ -222,7 +222,7 @@ def test_frozen_log_scale_above_the_cap_is_not_clamped():
     state = state.replace(params=jax.tree_util.tree_map_with_path(
         lambda p, a: jnp.full_like(a, np.log(100.0)) if path_name(p) == "log_scale" else a,
         state.params))
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 10, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
     new, _ = step(state, next(train_iterator(config.data, mesh)))
     assert np.asarray(new.params["log_scale"][...]).tobytes() == np.asarray(
         np.float32(np.log(100.0))).tobytes()

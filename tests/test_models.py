@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from contrastive_jax.training.methods import moco
+from contrastive_jax.training.methods import momentum_contrast as moco
 from contrastive_jax.training.models import build_encoder, build_model
 
 
@@ -51,7 +51,7 @@ def test_text_tower_masks_padding():
 
 
 def test_batchnorm_uses_batch_statistics_in_training_only():
-    model = build_model({"name": "simclr", "encoder": {
+    model = build_model({"name": "projected_encoder", "encoder": {
         "name": "signal_cnn", "length": 40, "channels": (4,), "kernel_sizes": (3,),
         "strides": (1,), "features": 8}, "head": {"hidden": 8, "out": 4}}, nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (16, 40, 1)) * 3 + 1
@@ -82,8 +82,11 @@ def test_dual_encoder_temperature_and_siglip_bias():
 def test_model_config_errors_name_what_is_valid():
     with pytest.raises(ValueError, match="unknown model 'simclr2'"):
         build_model({"name": "simclr2"}, nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"unknown settings \['queue_size'\]"):
-        build_model({"name": "simclr", "queue_size": 4, "encoder": {}}, nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"model.queue_size is a setting of the method now: "
+                       r"set config.moco.queue_size"):
+        build_model({"name": "projected_encoder", "queue_size": 4, "encoder": {}}, nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"unknown settings \['width'\]"):
+        build_model({"name": "projected_encoder", "width": 4, "encoder": {}}, nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"unknown arguments.*valid"):
         build_encoder({"name": "mlp", "in_features": 3, "widht": 3}, nnx.Rngs(0))
     with pytest.raises(ValueError, match="unknown encoder"):

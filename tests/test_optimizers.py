@@ -8,7 +8,12 @@ import pytest
 from flax import nnx
 
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.optimizers import build_optimizer, decay_mask, leaf_names, schedule
+from contrastive_jax.training.step.optimizers import (
+    build_optimizer,
+    decay_mask,
+    leaf_names,
+    schedule,
+)
 
 
 @pytest.fixture(scope="module")

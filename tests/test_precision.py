@@ -22,7 +22,8 @@ from contrastive_jax.training import train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.train_state import create_state
 
 TEXT = {"name": "text_transformer", "vocab_size": 24, "max_tokens": 6, "width": 16, "depth": 1,
         "heads": 2, "features": 16, "dropout": 0.1}
@@ -34,8 +35,8 @@ ENCODERS = [
      "strides": (1,), "features": 16},
     {"name": "mlp", "in_features": 5, "hidden": 8, "features": 16},
 ]
-MODELS = [{"name": "simclr", "encoder": e, "head": {"hidden": 8, "out": 4}} for e in ENCODERS] + [
-    {"name": "moco", "encoder": ENCODERS[1], "queue_size": 64},
+MODELS = [{"name": "projected_encoder", "encoder": e, "head": {"hidden": 8, "out": 4}}
+          for e in ENCODERS] + [
     {"name": "dual_encoder", "sample_encoder": ENCODERS[0], "text_encoder": TEXT,
      "embed_dim": 8, "siglip": True},
 ]
@@ -102,7 +103,7 @@ def step_hlo_ops(spec: str, dtype: str) -> Counter:
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, tx = create_state(config, 12, method)
-    step = train.compiled_step(config, mesh, graphdef, state, tx, 12, method)
+    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 12, method)
     batch = next(train_iterator(config.data, mesh))
     text = step.lower(state, batch).as_text(dialect="hlo")
     return Counter(re.findall(r"= (\w+)\[[^\]]*\](?:\{[^}]*\})? "
@@ -133,7 +134,7 @@ def quick_loss_and_grads(dtype: str):
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, _ = create_state(config, 100, method)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, method)
     batch = next(train_iterator(config.data, mesh))
     keys = jax.random.split(jax.random.key(0), config.data.batch_size)
 

@@ -12,8 +12,8 @@ import jax
 import pytest
 from jax.experimental import multihost_utils
 
-from contrastive_jax.training import preemption
-from contrastive_jax.training.preemption import StopSignal, uses_preemption_sync_point
+from contrastive_jax.training.run import preemption
+from contrastive_jax.training.run.preemption import StopSignal, uses_preemption_sync_point
 
 
 def test_the_sync_point_is_used_on_tpu_with_jax_distributed_only(monkeypatch):

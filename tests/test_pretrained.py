@@ -14,14 +14,14 @@ from test_train import load_config
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import checkpoints
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.pretrained import load_into
-from contrastive_jax.training.state_sharding import path_name
+from contrastive_jax.training.run import checkpoints
+from contrastive_jax.training.run.init_from import load_into
+from contrastive_jax.training.step.state_sharding import path_name
+from contrastive_jax.training.step.train_state import create_state
 from contrastive_jax.training.train import train_and_evaluate
-from contrastive_jax.training.train_state import create_state
 
 
 def by_path(tree) -> dict[str, np.ndarray]:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from contrastive_jax.training import train
-from contrastive_jax.training.compilation_cache import compilation_cache_dir
-from contrastive_jax.training.progress import MetricWindow
+from contrastive_jax.training.run.compilation_cache import compilation_cache_dir
+from contrastive_jax.training.run.progress import MetricWindow
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import quick

@@ -18,9 +18,9 @@ import pytest
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
-from contrastive_jax.training.checkpoints import CheckpointError
 from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.train_state import params_digest
+from contrastive_jax.training.run.checkpoints import CheckpointError
+from contrastive_jax.training.step.train_state import all_finite, params_digest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -137,16 +137,16 @@ def test_non_finite_newest_checkpoint_is_moved_aside(tmp_path, capsys):
     import jax
     import orbax.checkpoint as ocp
 
-    from contrastive_jax.training import checkpoints
+    from contrastive_jax.training.run import checkpoints
 
     train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
     config = quick(total_steps=12, checkpoint_every=3)
     run, state = train.prepare_run(config, tmp_path)
     manager = checkpoints.manager(tmp_path, every=1, keep=5)
     state, step = checkpoints.restore_latest(manager, state, run.stream)
-    assert step == 6 and bool(checkpoints.all_finite(state))
+    assert step == 6 and bool(all_finite(state))
     poisoned = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
-    assert not bool(checkpoints.all_finite(poisoned))
+    assert not bool(all_finite(poisoned))
     manager.save(9, args=ocp.args.Composite(
         state=ocp.args.StandardSave(poisoned), data=grain.checkpoint.CheckpointSave(run.stream)))
     manager.wait_until_finished()
@@ -198,8 +198,8 @@ def test_checkpoints_of_another_state_layout_are_a_clear_error(tmp_path):
     the top level) is declared incompatible, naming what differs."""
     import orbax.checkpoint as ocp
 
-    from contrastive_jax.training import checkpoints
     from contrastive_jax.training.data import train_iterator
+    from contrastive_jax.training.run import checkpoints
 
     config = quick(total_steps=3)
     old = {"step": np.int32(3), "params": {"w": np.ones(3, np.float32)},
@@ -320,7 +320,7 @@ def test_unwritable_workdir_is_a_short_error(tmp_path):
 def test_moco_queue_and_digest():
     with pytest.raises(ValueError, match="multiple of the global batch"):
         config = load_config("moco_mnist1d.py:quick")
-        config.model.queue_size = 100
+        config.moco.queue_size = 100
         method_for(config)
     state = SimpleNamespace(params={"w": np.ones(3, np.float32)}, rest={})
     bumped = np.array([1, 1, np.nextafter(np.float32(1), np.float32(2))], np.float32)

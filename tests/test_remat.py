@@ -16,12 +16,12 @@ import pytest
 from flax import nnx
 
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import train
 from contrastive_jax.training.config import base_config
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_encoder
 from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
-from contrastive_jax.training.train_state import create_state
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.train_state import create_state
 
 B = 16
 VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 2,
@@ -129,10 +129,10 @@ def step_config(method: str, remat: bool) -> ml_collections.ConfigDict:
                         "embed_dim": 8}
         config.loss = {"name": "clip"}
     else:  # MoCo: ResNet encoder and a BatchNorm head, statistics in the model and the key copy
-        config.model = {"name": method, "encoder": RESNET, "learn_temperature": True,
-                        "head": {"hidden": 16, "out": 8, "layers": 2}}
+        config.model = {"name": "projected_encoder", "encoder": RESNET,
+                        "learn_temperature": True, "head": {"hidden": 16, "out": 8, "layers": 2}}
         config.loss = {"name": "moco", "temperature": 0.2}
-        config.model.queue_size = 2 * B
+        config.moco = {"queue_size": 2 * B}
     config.model.remat = remat
     config.method = method
     config.optimizer = {"name": "sgd", "learning_rate": 0.1, "warmup_steps": 0,
@@ -146,7 +146,7 @@ def one_step(method: str, remat: bool):
     mesh = make_mesh({"data": 8})
     m = method_for(config)
     graphdef, state, tx = create_state(config, 10, m)
-    ctx = train.make_context(config, mesh, graphdef)
+    ctx = train_step.make_context(config, mesh, graphdef, m)
     rng = np.random.default_rng(1)
     tokens = rng.integers(1, 24, (B, 6))
     tokens[:, 4:] *= rng.integers(0, 2, (B, 1))
@@ -154,7 +154,7 @@ def one_step(method: str, remat: bool):
                             "caption": tokens.astype(np.int32)},
                            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
     state = float64(state)
-    step = jax.jit(lambda s, b: train.train_step(s, b, graphdef=graphdef, tx=tx, method=m,
+    step = jax.jit(lambda s, b: train_step.train_step(s, b, graphdef=graphdef, tx=tx, method=m,
                                                  ctx=ctx))
     new, metrics = step(state, batch)
     return state, new, metrics

@@ -19,8 +19,9 @@ import pytest
 from etils import epath
 
 from contrastive_jax.errors import ConfigError, WorkdirError
-from contrastive_jax.training import preemption, train
-from contrastive_jax.training.workdir_path import absolute, is_remote, workdir_path
+from contrastive_jax.training import train
+from contrastive_jax.training.run import preemption
+from contrastive_jax.training.run.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import load_config
@@ -198,8 +199,8 @@ def test_set_aside_and_the_config_backup_move_objects_within_the_bucket(gcs, tmp
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
 
-    from contrastive_jax.training import checkpoints
-    from contrastive_jax.training.config_record import write_config
+    from contrastive_jax.training.run import checkpoints
+    from contrastive_jax.training.run.config_record import write_config
 
     monkeypatch.chdir(tmp_path)
     workdir = f"gs://{BUCKET}/aside"

@@ -12,16 +12,18 @@ from test_train import load_config
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import checkpoints, train
+from contrastive_jax.training import train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.state_sharding import (
+from contrastive_jax.training.run import checkpoints
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.state_sharding import (
     bytes_per_device,
     fsdp_spec,
     path_name,
     state_shardings,
 )
-from contrastive_jax.training.train_state import create_state, params_digest
+from contrastive_jax.training.step.train_state import create_state, params_digest
 
 FSDP = {"params": "fsdp", "min_size": 0}
 
@@ -64,7 +66,7 @@ def test_fsdp_steps_equal_replicated_steps(spec):
             config.sharding = {**FSDP, "params": mode}
             shardings = state_shardings(config.sharding, mesh, state)
             s = jax.device_put(jax.tree.map(jnp.copy, state), shardings)
-            step = train.compiled_step(config, mesh, graphdef, s, tx, 10, method)
+            step = train_step.compiled_step(config, mesh, graphdef, s, tx, 10, method)
             for _ in range(3):
                 s, metrics = step(s, batch)
             assert int(s.skipped) == 0 and np.isfinite(float(metrics["loss"]))

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
 def slow_top1(a, c, positive, exclude=None, a_ids=None, c_ids=None):

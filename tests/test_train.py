@@ -15,12 +15,14 @@ import pytest
 
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import checkpoints, evaluation, train
+from contrastive_jax.training import evaluation, train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.evaluation import run_evaluation
 from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.train_state import create_state, replicated
+from contrastive_jax.training.run import checkpoints
+from contrastive_jax.training.step import train_step
+from contrastive_jax.training.step.train_state import create_state, replicated
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +50,7 @@ def setup(spec: str, devices: int = 8, steps: int = 12, **loss):
     state = jax.device_put(state, replicated(mesh, state))
     key = (spec, devices, steps, tuple(sorted(loss.items())))
     if key not in _COMPILED:
-        _COMPILED[key] = train.compiled_step(config, mesh, graphdef, state, tx, steps, method)
+        _COMPILED[key] = train_step.compiled_step(config, mesh, graphdef, state, tx, steps, method)
     return config, mesh, graphdef, state, _COMPILED[key]
 
 

@@ -23,7 +23,7 @@ from contrastive_jax.training.evaluation import (
     zero_shot_weights,
 )
 from contrastive_jax.training.methods import method_for
-from contrastive_jax.training.train_state import create_state, replicated
+from contrastive_jax.training.step.train_state import create_state, replicated
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

@@ -16,7 +16,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import state_sharding
+from contrastive_jax.training.step import state_sharding
 
 
 def parse(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -57,8 +57,8 @@ def base_config() -> ml_collections.ConfigDict:
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
     :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
-:mod:`contrastive_jax.training.state_sharding`), ``launch`` (multi-process settings,
-    :func:`contrastive_jax.training.distributed.launch_settings`; empty: from the environment,
+:mod:`contrastive_jax.training.step.state_sharding`), ``launch`` (multi-process settings,
+    :func:`contrastive_jax.training.run.distributed.launch_settings`; empty: from the environment,
     else a single process).
     """
     return ml_collections.ConfigDict({
@@ -72,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
         "checkpoint_every": 500,
         "keep_checkpoints": 3,
         # K micro-batches per global batch, gradient unchanged (exact accumulation,
-        # contrastive_jax.training.accumulation); the micro-batch B/K must divide over the
+        # contrastive_jax.training.step.accumulation); the micro-batch B/K must divide over the
         # data devices
         "accumulation_steps": 1,
         "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
@@ -98,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
                        "retrieval_match": ""},
         "mesh": {"data": -1},
         # where the train state lives: "replicated" | "fsdp" (split over fsdp_axis), with
-        # exceptions by regex (contrastive_jax.training.state_sharding)
+        # exceptions by regex (contrastive_jax.training.step.state_sharding)
         "sharding": state_sharding.default_config(),
         # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),

@@ -172,7 +172,7 @@ def augment_each(batch: Array, keys: Array, config: ConfigLike) -> Array:
 
     An example's augmentation then does not depend on the batch it sits in, which is what the
     trainer needs to run one global batch as several micro-batches and draw the same views
-    (:mod:`contrastive_jax.training.accumulation`).
+    (:mod:`contrastive_jax.training.step.accumulation`).
 
     Args:
       batch: as :func:`augment`, ``(B, ...)``.

@@ -12,9 +12,8 @@ Positions ``k G .. (k + 1) G - 1`` of the shuffled, repeated stream form global 
 host ``p`` reads the positions ``= p (mod P)`` of it. So the *set* of examples in global batch
 ``k`` is the same for any number of processes (only its row order differs), the hosts' shards
 are disjoint, and over one epoch their union is the split. Every step's global batch is
-assembled with :func:`contrastive_jax.training.distributed.global_batch` (rows of process ``p`` on
-its
-own devices).
+assembled with :func:`contrastive_jax.mesh.global_batch` (rows of process ``p`` on its own
+devices).
 
 The returned iterators are grain ``DatasetIterator`` s: ``get_state()`` / ``set_state()`` (a
 small JSON-able dict: the next position) restore the exact stream, and

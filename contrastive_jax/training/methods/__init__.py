@@ -2,8 +2,8 @@
 
 ``config.method`` names it (``"simclr"``, ``"moco"``, ``"clip"``, ``"siglip"``,
 ``"mi_critic"``); left empty, it follows ``config.loss.name`` (``nt_xent`` -> SimCLR, ``moco``,
-``clip``, ``siglip``). Each method owns its loss call, its extra state and its hooks
-(:class:`~contrastive_jax.training.methods.base.Method`).
+``clip``, ``siglip``). Each method owns its loss call, its settings (MoCo's ``config.moco``
+block), its extra state and its hooks (:class:`~contrastive_jax.training.methods.base.Method`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from contrastive_jax.training.methods.base import (
     MethodContext,
     temperature_of,
 )
-from contrastive_jax.training.methods.clip import CLIP, SigLIP
+from contrastive_jax.training.methods.clip_siglip import CLIP, SigLIP
 from contrastive_jax.training.methods.mi_critic import MICritic
-from contrastive_jax.training.methods.moco import MoCo
+from contrastive_jax.training.methods.momentum_contrast import MoCo, MoCoSettings
 from contrastive_jax.training.methods.simclr import SimCLR
 
 METHODS = {"simclr": SimCLR, "moco": MoCo, "clip": CLIP, "siglip": SigLIP, "mi_critic": MICritic}
@@ -25,17 +25,14 @@ BY_LOSS = {"nt_xent": "simclr", "moco": "moco", "clip": "clip", "siglip": "sigli
 
 
 def method_for(config) -> Method:
-    """The method a config runs, built from its settings (checked)."""
+    """The method a config runs, built from its settings (checked): the ``loss`` block, parsed
+    here once (``method.loss_settings``), and the method's own block
+    (:meth:`~contrastive_jax.training.methods.base.Method.from_config`)."""
     loss = LossSettings.from_config(config.loss)
     name = config.get("method") or BY_LOSS[loss.name]
     if name not in METHODS:
         raise ConfigError(f"unknown method {name!r}; valid: {sorted(METHODS)}")
-    if name == "moco":
-        model = config.model
-        method = MoCo(momentum=model.get("momentum", 0.99),
-                      queue_size=model.get("queue_size", 4096), seed=config.seed)
-    else:
-        method = METHODS[name]()
+    method = METHODS[name].from_config(config, loss)
     if loss.name not in method.losses:
         raise ConfigError(f"method {name!r} runs with loss.name in {list(method.losses)}; got "
                           f"loss.name={loss.name!r} (change config.method or config.loss.name)")
@@ -44,4 +41,4 @@ def method_for(config) -> Method:
 
 
 __all__ = ["BY_LOSS", "CLIP", "METHODS", "LossSettings", "MICritic", "Method", "MethodContext",
-           "MoCo", "SigLIP", "SimCLR", "method_for", "temperature_of"]
+           "MoCo", "MoCoSettings", "SigLIP", "SimCLR", "method_for", "temperature_of"]

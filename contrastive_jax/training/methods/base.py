@@ -21,8 +21,15 @@ The ``loss`` block of a config (:class:`LossSettings`)::
     direction    clip only: "both" (symmetric) | "x_to_y" | "y_to_x" (one-directional InfoNCE,
                  the mutual-information estimator)
 
+The settings are parsed once, by :func:`~contrastive_jax.training.methods.method_for`, into
+the method (``method.loss_settings``) and the step's :class:`MethodContext` (``ctx.loss``).
+:meth:`LossSettings.nt_xent_on`, :meth:`~LossSettings.clip_on` and :meth:`~LossSettings.siglip_on`
+are a method's one path to its loss whatever the mesh: the single-device loss on the global
+arrays (``strategy = ""``, partitioned by XLA) or the sharded one over the mesh's data axis.
+
 A :class:`Method` turns a model and a batch into ``(loss, metrics, outputs)`` and owns whatever
-state it keeps besides the model (MoCo's key encoder and queue): the trainer
+state it keeps besides the model (MoCo's key encoder and queue) and its own config block
+(:attr:`Method.settings_block`: MoCo's ``config.moco``): the trainer
 (:mod:`contrastive_jax.training.train`) only calls its hooks.
 """
 
@@ -31,13 +38,20 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 from jax.sharding import Mesh
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.losses.sharded import STRATEGIES
+from contrastive_jax.losses import clip_loss, nt_xent
+from contrastive_jax.losses.sharded import (
+    STRATEGIES,
+    sharded_clip_loss,
+    sharded_nt_xent,
+    sharded_siglip_loss,
+)
+from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.validation import renamed_impl
 
@@ -127,6 +141,46 @@ class LossSettings:
         """``{"block_size": ...}`` for ``impl="tiled"``, else nothing (the others refuse it)."""
         return {"block_size": self.block} if self.impl == "tiled" else {}
 
+    def nt_xent_on(self, mesh: Mesh, z1: jax.Array, z2: jax.Array, temperature,
+                   positive_ids: jax.Array | None = None) -> jax.Array:
+        """NT-Xent of ``z1, z2 (N, d)`` at ``temperature`` over the global batch
+        (docs/derivations.md, NT-Xent): :func:`contrastive_jax.losses.nt_xent` with these
+        settings' ``impl``, ``normalize`` and block, or with a ``strategy``
+        :func:`~contrastive_jax.losses.sharded.sharded_nt_xent` over ``mesh``; the same
+        number either way."""
+        if self.strategy:
+            return sharded_nt_xent(z1, z2, temperature, mesh=mesh, strategy=self.strategy,
+                                   block_size=self.block, positive_ids=positive_ids)
+        return nt_xent(z1, z2, temperature, impl=self.impl, normalize=self.normalize,
+                       positive_ids=positive_ids, **self.tiled_kwargs())
+
+    def clip_on(self, mesh: Mesh, x: jax.Array, y: jax.Array, log_scale: jax.Array,
+                positive_ids: jax.Array | None = None) -> jax.Array:
+        """The CLIP loss of ``x, y (N, d)`` with logit scale ``min(exp(log_scale), max_scale)``
+        in these settings' ``direction`` ([CLIP]; docs/derivations.md, CLIP):
+        :func:`contrastive_jax.losses.clip_loss` (``impl``, block), or with a ``strategy``
+        :func:`~contrastive_jax.losses.sharded.sharded_clip_loss` over ``mesh``."""
+        if self.strategy:
+            return sharded_clip_loss(x, y, log_scale, mesh=mesh, strategy=self.strategy,
+                                     max_scale=self.max_scale, direction=self.direction,
+                                     block_size=self.block, positive_ids=positive_ids)
+        return clip_loss(x, y, log_scale, max_scale=self.max_scale, impl=self.impl,
+                         direction=self.direction, positive_ids=positive_ids,
+                         **self.tiled_kwargs())
+
+    def siglip_on(self, mesh: Mesh, x: jax.Array, y: jax.Array, log_scale: jax.Array,
+                  bias: jax.Array, positive_ids: jax.Array | None = None) -> jax.Array:
+        """The SigLIP loss of ``x, y (N, d)`` with logit scale and ``bias`` ([SigLIP];
+        docs/derivations.md, SigLIP): :func:`contrastive_jax.losses.siglip.siglip_loss`
+        (``impl``, block), or with a ``strategy``
+        :func:`~contrastive_jax.losses.sharded.sharded_siglip_loss` over ``mesh``."""
+        if self.strategy:
+            return sharded_siglip_loss(x, y, log_scale, bias, mesh=mesh, strategy=self.strategy,
+                                       max_scale=self.max_scale, block_size=self.block,
+                                       positive_ids=positive_ids)
+        return siglip_loss(x, y, log_scale, bias, max_scale=self.max_scale, impl=self.impl,
+                           positive_ids=positive_ids, **self.tiled_kwargs())
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodContext:
@@ -138,7 +192,8 @@ class MethodContext:
     text_key: str
     augment: Any  # a frozen augmentation config, or None
     graphdef: Any = None  # the model's graph (MoCo rebuilds its key encoder from it)
-    # model.frozen: top-level parameters that stay fixed (contrastive_jax.training.frozen_towers)
+    # model.frozen: top-level parameters that stay fixed
+    # (contrastive_jax.training.models.locked_towers)
     frozen: tuple[str, ...] = ()
 
 
@@ -150,16 +205,21 @@ def temperature_of(model, loss: LossSettings):
     return loss.temperature
 
 
+@dataclasses.dataclass(frozen=True)
 class Method(abc.ABC):
     """A contrastive method. Subclasses set ``name`` and implement :meth:`embed` and
-    :meth:`objective`.
+    :meth:`objective`; one that has settings of its own names its config block
+    (``settings_block``) and reads it in :meth:`from_config`.
+
+    ``loss_settings`` is the config's ``loss`` block, parsed once
+    (:func:`~contrastive_jax.training.methods.method_for`).
 
     A step is ``loss = objective(model, embed(model, batch, keys), targets(batch, keys))``:
     :meth:`embed` maps each example to its differentiable rows (embeddings), :meth:`targets`
     to rows that take no gradient (MoCo's momentum keys), and :meth:`objective` is the loss on
     the whole global batch of rows. The split is what makes gradient accumulation exact
-    (:mod:`contrastive_jax.training.accumulation`): rows are computed micro-batch by micro-batch,
-    the objective once.
+    (:mod:`contrastive_jax.training.step.accumulation`): rows are computed micro-batch by
+    micro-batch, the objective once.
 
     ``keys (B,)`` holds one PRNG key per example (augmentations, dropout), so an example's
     randomness does not depend on the micro-batch it sits in.
@@ -175,8 +235,15 @@ class Method(abc.ABC):
     - :meth:`results` (at the end): entries it adds to ``results.json``.
     """
 
-    name: str = ""
-    losses: tuple[str, ...] = ()  # the loss.name values this method runs with
+    loss_settings: LossSettings = LossSettings()
+    name: ClassVar[str] = ""
+    losses: ClassVar[tuple[str, ...]] = ()  # the loss.name values this method runs with
+    settings_block: ClassVar[str] = ""  # the config block of its own settings ("": none)
+
+    @classmethod
+    def from_config(cls, config, loss_settings: LossSettings) -> Method:
+        """The method with the config's settings (its ``settings_block``; none by default)."""
+        return cls(loss_settings=loss_settings)
 
     def check(self, config) -> None:  # noqa: B027 (a hook: nothing to check by default)
         """Raise :class:`ConfigError` for settings this method cannot run with."""

@@ -1,7 +1,8 @@
 """SimCLR: two augmented views through one encoder and head, NT-Xent over the 2N views.
 
 [SimCLR] (docs/references.md); the loss is :func:`contrastive_jax.losses.nt_xent`
-(docs/derivations.md, NT-Xent), or its sharded form for a ``loss.strategy``.
+(docs/derivations.md, NT-Xent), or its sharded form for a ``loss.strategy``
+(:meth:`~contrastive_jax.training.methods.base.LossSettings.nt_xent_on`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import math
 
 import jax.numpy as jnp
 
-from contrastive_jax.losses import nt_xent
-from contrastive_jax.losses.sharded import sharded_nt_xent
 from contrastive_jax.training.augmentations import two_views_each
 from contrastive_jax.training.methods.base import (
     Method,
@@ -19,8 +18,8 @@ from contrastive_jax.training.methods.base import (
     example_keys,
     temperature_of,
 )
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 from contrastive_jax.training.models.dropout import fold_each
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
 class SimCLR(Method):
@@ -42,12 +41,7 @@ class SimCLR(Method):
         z1, z2 = rows["z1"], rows["z2"]
         n = z1.shape[0]
         tau, ids = temperature_of(model, ctx.loss), ctx.loss.ids(batch)
-        if ctx.loss.strategy:
-            loss = sharded_nt_xent(z1, z2, tau, mesh=ctx.mesh, strategy=ctx.loss.strategy,
-                                   block_size=ctx.loss.block, positive_ids=ids)
-        else:
-            loss = nt_xent(z1, z2, tau, impl=ctx.loss.impl, normalize=ctx.loss.normalize,
-                           positive_ids=ids, **ctx.loss.tiled_kwargs())
+        loss = ctx.loss.nt_xent_on(ctx.mesh, z1, z2, tau, ids)
         z = jnp.concatenate([z1, z2])
         m = first_anchors(n)
         anchors = jnp.arange(m)

@@ -3,7 +3,8 @@ dual encoder.
 
 :func:`build_model` makes the model a config's ``model`` block describes::
 
-    model.name = "simclr" | "moco"       encoder + projection head (MoCo: + key copy, queue)
+    model.name = "projected_encoder"     encoder + projection head (SimCLR; MoCo's query
+                                         encoder, whose key copy and queue are the method's)
                  "dual_encoder"          sample tower + text tower + logit scale (CLIP, SigLIP)
     model.encoder / sample_encoder / text_encoder = {"name": one of ENCODERS, **its kwargs}
     model.dtype        "float32" (default) | "bfloat16": the compute dtype of every encoder and
@@ -13,6 +14,12 @@ dual encoder.
                        blocks, ResNet blocks, the signal CNN's and the MLP's layers; remat.py)
     model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
 
+``"simclr"`` and ``"moco"`` name the projected encoder too, deprecated
+(:data:`DEPRECATED_MODEL_NAMES`: a ``DeprecationWarning``); MoCo's ``momentum`` and
+``queue_size`` are settings of the method (``config.moco``,
+:mod:`contrastive_jax.training.methods.momentum_contrast`), and in a ``model`` block they are a
+:class:`ConfigError` naming the new key (:data:`MOVED_TO_METHODS`).
+
 The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP are in
 encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint into such a
 ``dual_encoder`` block and its parameters (docs/pretrained.md).
@@ -21,6 +28,7 @@ encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint into 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,13 +50,16 @@ from contrastive_jax.training.models.remat import check_policy
 
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}
-MODELS = ("simclr", "moco", "dual_encoder")
+MODELS = ("projected_encoder", "dual_encoder")
+# model names of earlier releases: the same model, accepted with a DeprecationWarning
+DEPRECATED_MODEL_NAMES = {"simclr": "projected_encoder", "moco": "projected_encoder"}
+# model settings of earlier releases that are now a method's: where they live now
+MOVED_TO_METHODS = {"momentum": "moco.momentum", "queue_size": "moco.queue_size"}
 # every model takes the whole-model settings (compute dtype, rematerialisation)
 MODEL_WIDE = {"dtype", "remat", "remat_policy"}
 MODEL_KEYS = {
-    "simclr": {"name", "encoder", "head", "learn_temperature", "init_temperature", *MODEL_WIDE},
-    "moco": {"name", "encoder", "head", "learn_temperature", "init_temperature", "momentum",
-             "queue_size", *MODEL_WIDE},
+    "projected_encoder": {"name", "encoder", "head", "learn_temperature", "init_temperature",
+                          *MODEL_WIDE},
     "dual_encoder": {"name", "sample_encoder", "text_encoder", "embed_dim", "init_temperature",
                      "siglip", "init_bias", *MODEL_WIDE},
 }
@@ -88,12 +99,30 @@ def model_settings(config: Mapping[str, Any]) -> tuple[Any, str | None]:
     return dtype, policy if remat else None
 
 
+def model_name(config: Mapping[str, Any]) -> str:
+    """The ``model`` block's ``name`` in today's terms: a deprecated name
+    (:data:`DEPRECATED_MODEL_NAMES`) warns and gives the model it names; a setting that moved
+    to a method's block (:data:`MOVED_TO_METHODS`) and an unknown name are a
+    :class:`ConfigError` saying what to write instead."""
+    moved = sorted(set(config) & set(MOVED_TO_METHODS))
+    if moved:
+        raise ConfigError("; ".join(f"model.{k} is a setting of the method now: set "
+                                    f"config.{MOVED_TO_METHODS[k]} instead" for k in moved))
+    name = config.get("name")
+    if name in DEPRECATED_MODEL_NAMES:
+        warnings.warn(f"model.name = {name!r} is deprecated; use "
+                      f"{DEPRECATED_MODEL_NAMES[name]!r} (the same model)", DeprecationWarning,
+                      stacklevel=3)
+        return DEPRECATED_MODEL_NAMES[name]
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid: {list(MODELS)}")
+    return name
+
+
 def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     """The model of a config's ``model`` block (see the module docstring)."""
     config = dict(config)
-    name = config.get("name")
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; valid: {list(MODELS)}")
+    name = model_name(config)
     unknown = sorted(set(config) - MODEL_KEYS[name])
     if unknown:
         raise ConfigError(f"model {name!r}: unknown settings {unknown}; valid: "
@@ -126,5 +155,6 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     return cls(**kwargs, **settings, rngs=rngs)
 
 
-__all__ = ["ENCODERS", "DualEncoder", "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet",
-           "SignalCNN", "TextTransformer", "ViT", "build_encoder", "build_model", "model_settings"]
+__all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MOVED_TO_METHODS", "DualEncoder",
+           "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet", "SignalCNN",
+           "TextTransformer", "ViT", "build_encoder", "build_model", "model_name", "model_settings"]

@@ -2,7 +2,7 @@
 
 ``nnx.Dropout`` draws one mask for the whole ``(B, ...)`` array from one key: the mask of
 example ``b`` then depends on the batch it sits in. Gradient accumulation
-(:mod:`contrastive_jax.training.accumulation`) runs the same examples as ``K`` micro-batches
+(:mod:`contrastive_jax.training.step.accumulation`) runs the same examples as ``K`` micro-batches
 and must draw the same masks as one batch, so here example ``b`` draws from its own key
 ``keys[b]``: ``mask_b ~ Bernoulli(1 - rate)`` over the example's shape, ``y_b = mask_b x_b /
 (1 - rate)`` (inverted dropout, [Dropout] in docs/references.md).

@@ -2,8 +2,8 @@
 docs/derivations.md §9.1).
 
 The methods :class:`contrastive_jax.training.methods.simclr.SimCLR` and
-:class:`contrastive_jax.training.methods.moco.MoCo` train it (``model.name = "simclr"`` or
-``"moco"``); the module itself knows nothing of the objective.
+:class:`contrastive_jax.training.methods.momentum_contrast.MoCo` train it
+(``model.name = "projected_encoder"``); the module itself knows nothing of the objective.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class ProjectedEncoder(nnx.Module):
     ``log_scale = log(1 / tau)``, a parameter trained with the rest (the temperature ablation);
     otherwise tau is fixed by the loss config. MoCo's query encoder is the same module; its key
     encoder is a copy of the parameters kept in the train state
-    (:mod:`contrastive_jax.training.methods.moco`). ``z`` and ``h`` leave the module in float32
-    (or float64) whatever the compute dtype (:func:`.precision.up_to_float32`).
+    (:mod:`contrastive_jax.training.methods.momentum_contrast`). ``z`` and ``h`` leave the
+    module in float32 (or float64) whatever the compute dtype (:func:`.precision.up_to_float32`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,

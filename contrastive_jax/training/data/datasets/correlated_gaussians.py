@@ -75,7 +75,9 @@ class CorrelatedGaussians:
     """``num_examples`` pairs ``{"x": (dim,), "y": (dim,)}`` float32; pair ``i`` from ``(seed, i)``.
 
     Random access (``len`` and ``[i]``), deterministic in ``(seed, i)``: usable as a grain
-    source anywhere a TFDS ``data_source`` split is.
+    source anywhere a TFDS ``data_source`` split is. :attr:`true_mutual_information` is the
+    known ``I(X; Y)`` of its pairs (a source whose MI is known has this attribute; the MI
+    critic reports it next to its estimate).
     """
 
     def __init__(self, num_examples: int, dim: int, rho: float, seed: int = 0):
@@ -86,6 +88,11 @@ class CorrelatedGaussians:
 
     def __len__(self) -> int:
         return self.num_examples
+
+    @property
+    def true_mutual_information(self) -> float:
+        """:func:`mutual_information` of the pairs, in nats."""
+        return mutual_information(self.dim, self.rho)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         if not 0 <= i < self.num_examples:

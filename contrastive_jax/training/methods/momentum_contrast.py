@@ -6,12 +6,22 @@ average, ``theta_k <- m theta_k + (1 - m) theta_q`` (``optax.incremental_update`
 is a FIFO ``(K, d)`` buffer of past keys: each step enqueues the global batch's keys over the
 oldest ones, so ``K`` must be a multiple of the global batch. Both live in the train state's
 ``extra`` (``key_params``, ``key_rest``, ``queue``, ``queue_pointer``) and in checkpoints.
+
+The method's settings are the config's ``moco`` block (:class:`MoCoSettings`)::
+
+    config.moco = {"momentum": 0.99, "queue_size": 4096}
+
+(before, ``model.momentum`` and ``model.queue_size``: now a :class:`ConfigError` naming the new
+key; a workdir recorded with them resumes,
+:func:`contrastive_jax.training.run.config_record.upgrade`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +38,7 @@ from contrastive_jax.training.methods.base import (
     example_keys,
     temperature_of,
 )
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 
 
 def momentum_update(key_params, query_params, momentum: float):
@@ -42,7 +52,7 @@ def check_queue_size(queue_size: int, global_batch: int) -> None:
     """A :class:`ConfigError` unless ``queue_size`` is a positive multiple of ``global_batch``."""
     if queue_size < global_batch or queue_size % global_batch:
         raise ConfigError(f"MoCo queue size {queue_size} must be a positive multiple of the "
-                          f"global batch {global_batch}; change model.queue_size or "
+                          f"global batch {global_batch}; change moco.queue_size or "
                           "data.batch_size")
 
 
@@ -68,19 +78,60 @@ def _view(x, aug_keys, view: int, ctx: MethodContext):
 
 
 @dataclasses.dataclass(frozen=True)
+class MoCoSettings:
+    """The ``moco`` block of a config: the key encoder's EMA ``momentum`` m in [0, 1] and the
+    ``queue_size`` K of past keys (a positive multiple of the global batch)."""
+
+    momentum: float = 0.99
+    queue_size: int = 4096
+
+    @classmethod
+    def from_block(cls, block: Mapping[str, Any] | None) -> MoCoSettings:
+        """The settings of a ``moco`` block (absent: the defaults); unknown keys and values of
+        the wrong kind are a :class:`ConfigError`."""
+        block = dict(block or {})
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(block) - fields)
+        if unknown:
+            raise ConfigError(f"unknown moco settings {unknown}; valid: {sorted(fields)}")
+        settings = cls(**block)
+        if isinstance(settings.queue_size, bool) or not isinstance(settings.queue_size, int):
+            raise ConfigError(f"moco.queue_size must be an int; got {settings.queue_size!r}")
+        if isinstance(settings.momentum, bool) or not isinstance(settings.momentum, int | float):
+            raise ConfigError(f"moco.momentum must be a float; got {settings.momentum!r}")
+        if not 0.0 <= settings.momentum <= 1.0:
+            raise ConfigError(f"moco.momentum must lie in [0, 1]; got {settings.momentum}")
+        return settings
+
+
+@dataclasses.dataclass(frozen=True)
 class MoCo(Method):
     """InfoNCE of queries against their keys and the queue; momentum and queue after each step."""
 
     momentum: float = 0.99
     queue_size: int = 4096
-    seed: int = 0
-    name = "moco"
-    losses = ("moco",)
+    seed: int = 0  # the queue's initialisation draws from key(seed + 1)
+    name: ClassVar[str] = "moco"
+    losses: ClassVar[tuple[str, ...]] = ("moco",)
+    settings_block: ClassVar[str] = "moco"
+
+    @classmethod
+    def from_config(cls, config, loss_settings) -> MoCo:
+        """MoCo with the config's ``moco`` block (:class:`MoCoSettings`) and ``seed``; the
+        settings' old place (``model.momentum``, ``model.queue_size``) is a
+        :class:`ConfigError` naming the new key."""
+        moved = sorted(k for k in ("momentum", "queue_size") if k in config.get("model", {}))
+        if moved:
+            raise ConfigError("; ".join(f"model.{k} is a setting of MoCo now: set "
+                                        f"config.moco.{k} instead" for k in moved))
+        settings = MoCoSettings.from_block(config.get(cls.settings_block))
+        return cls(loss_settings=loss_settings, momentum=settings.momentum,
+                   queue_size=settings.queue_size, seed=config.seed)
 
     def check(self, config) -> None:
         check_queue_size(self.queue_size, config.data.batch_size)
         if not 0.0 <= self.momentum <= 1.0:
-            raise ConfigError(f"model.momentum must lie in [0, 1]; got {self.momentum}")
+            raise ConfigError(f"moco.momentum must lie in [0, 1]; got {self.momentum}")
 
     def init_extra(self, model, params, rest, config):
         return {

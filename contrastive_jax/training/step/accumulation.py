@@ -40,12 +40,12 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS
-from contrastive_jax.training.frozen_towers import (
+from contrastive_jax.training.methods import Method, MethodContext
+from contrastive_jax.training.models.locked_towers import (
     merge_frozen,
     split_frozen,
     with_zero_gradients,
 )
-from contrastive_jax.training.methods import Method, MethodContext
 
 
 def check_accumulation(batch_size: int, steps: Any, data_devices: int) -> int:
@@ -64,6 +64,13 @@ def check_accumulation(batch_size: int, steps: Any, data_devices: int) -> int:
             f"by the {data_devices} data devices; the micro-batch (batch_size / "
             f"accumulation_steps) must be a multiple of {data_devices}")
     return steps
+
+
+def accumulation_steps(config, data_devices: int) -> int:
+    """``config.accumulation_steps`` (K micro-batches per global batch), checked against
+    ``config.data.batch_size`` and the ``data_devices`` by :func:`check_accumulation`: the one
+    place the trainer reads it."""
+    return check_accumulation(config.data.batch_size, config.accumulation_steps, data_devices)
 
 
 def to_micro_batches(tree, steps: int, data_devices: int):
@@ -115,7 +122,7 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
         return method.objective(model, rows, targets, batch, new_extra, ctx)
 
     # only the trainable parameters are differentiated: the frozen ones (ctx.frozen) enter as
-    # constants, so no backward pass is built through a frozen tower (frozen_towers)
+    # constants, so no backward pass is built through a frozen tower (models/locked_towers.py)
     trainable, fixed = split_frozen(params, ctx.frozen)
 
     def whole(t):

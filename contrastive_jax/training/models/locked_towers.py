@@ -9,7 +9,7 @@ A frozen part
 - never changes: the train step differentiates only the trainable parameters (the frozen ones
   enter the loss as constants, so no backward pass is built through a frozen tower) and puts
   the frozen leaves back unchanged after the update (bit-identical, a ``-0.0`` included);
-- has no optimiser state and no weight decay (:func:`~contrastive_jax.training.optimizers.
+- has no optimiser state and no weight decay (:func:`~contrastive_jax.training.step.optimizers.
   build_optimizer` labels it ``"frozen"``: ``optax.set_to_zero`` inside ``multi_transform``,
   which stores no array for it);
 - runs in inference mode when it is a tower (``sample_encoder``, ``text_encoder``): BatchNorm

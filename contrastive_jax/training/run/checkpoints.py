@@ -27,7 +27,6 @@ import uuid
 
 import grain
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -38,7 +37,8 @@ from contrastive_jax.errors import (
     WorkdirError,
     storage_cause,
 )
-from contrastive_jax.training.workdir_path import absolute, is_remote
+from contrastive_jax.training.run.workdir_path import absolute, is_remote
+from contrastive_jax.training.step.train_state import all_finite
 
 
 def manager(workdir: str | os.PathLike, *, every: int, keep: int) -> ocp.CheckpointManager:
@@ -100,14 +100,6 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
 
 
 SET_ASIDE = "checkpoints_set_aside"
-
-
-@jax.jit
-def all_finite(tree) -> jax.Array:
-    """Whether every floating-point number in ``tree`` is finite (a boolean scalar)."""
-    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
-              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> list[str]:

@@ -9,7 +9,15 @@ continue another experiment, so it stops with the list of differences, unless th
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``. Both files are read and written through
 :class:`etils.epath.Path`, so a ``gs://`` workdir works the same
-(:mod:`~contrastive_jax.training.workdir_path`).
+(:mod:`~contrastive_jax.training.run.workdir_path`).
+
+Records written by earlier releases are read in today's keys (:func:`upgrade`, applied to both
+sides before comparing), so a workdir keeps resuming across a rename of its config's keys:
+
+- ``model.name`` ``"simclr"`` / ``"moco"`` -> ``"projected_encoder"`` (one model for both,
+  :data:`~contrastive_jax.training.models.DEPRECATED_MODEL_NAMES`);
+- ``model.momentum`` -> ``moco.momentum``, ``model.queue_size`` -> ``moco.queue_size`` (MoCo's
+  settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import ml_collections
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training import json_output
+from contrastive_jax.training.models import DEPRECATED_MODEL_NAMES, MOVED_TO_METHODS
+from contrastive_jax.training.run import json_output
 
 RECORD = "config.json"
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
@@ -47,6 +56,24 @@ def plain(config: ml_collections.ConfigDict | Mapping) -> dict[str, Any]:
 
     data = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
     return convert(data)
+
+
+def upgrade(record: Mapping) -> dict[str, Any]:
+    """A config as plain values (:func:`plain`) in today's keys: a deprecated ``model.name``
+    replaced by the model it names, and the model settings that moved to a method's block
+    (``model.momentum`` -> ``moco.momentum``, ...) moved there (see the module docstring).
+    Today's records come back unchanged."""
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in record.items()}
+    model = out.get("model")
+    if not isinstance(model, dict):
+        return out
+    if model.get("name") in DEPRECATED_MODEL_NAMES:
+        model["name"] = DEPRECATED_MODEL_NAMES[model["name"]]
+    for key, new in MOVED_TO_METHODS.items():
+        if key in model:
+            block, _, name = new.partition(".")
+            out.setdefault(block, {})[name] = model.pop(key)
+    return out
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -82,7 +109,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     path = epath.Path(workdir) / RECORD
     if resuming_from is None or not path.exists():
         return []
-    diff = changes(json.loads(path.read_text()), plain(config))
+    diff = changes(upgrade(json.loads(path.read_text())), upgrade(plain(config)))
     if diff and not accept_change:
         lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:12])
         more = f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""

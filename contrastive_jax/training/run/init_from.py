@@ -49,7 +49,8 @@ from etils import epath
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.state_sharding import path_name
+from contrastive_jax.training.run.config_record import upgrade
+from contrastive_jax.training.step.state_sharding import path_name
 
 FIELDS = ("path", "source", "target")
 # model settings that do not change the function (compute dtype, rematerialisation) or are
@@ -129,7 +130,7 @@ def read(path: str | os.PathLike) -> Pretrained:
     step = steps[-1]
     tree = _restore(checkpoints / str(step) / "state", keys=("params", "rest"))
     config = root / "config.json"
-    model = _json(config).get("model", {}) if config.exists() else {}
+    model = upgrade(_json(config)).get("model", {}) if config.exists() else {}
     return Pretrained("workdir", f"{root} (step {step})", model,
                       _flat(tree["params"], drop_value=True),
                       _flat(tree.get("rest", {}), drop_value=True))
@@ -183,6 +184,8 @@ def _block(model: Mapping[str, Any], subtree: str):
         block = block.get(part) if isinstance(block, Mapping) else None
     if not isinstance(block, Mapping):
         return None
+    if not subtree:  # the whole model: in today's names (config_record.upgrade)
+        block = upgrade({"model": _plain(block)})["model"]
     return {k: v for k, v in _plain(block).items() if k not in NOT_ARCHITECTURE}
 
 

@@ -24,7 +24,7 @@ differ): tests/test_state_sharding.py requires equal parameters after three step
 to 1e-12. Per device the state takes ``1 / axis size`` of its replicated bytes, plus the
 leaves left replicated. Orbax saves each device's slice and restores onto any mesh and any
 sharding (8 -> 4 devices, FSDP <-> replicated), since the restore target's shardings are the
-new run's (:func:`contrastive_jax.training.checkpoints.restore_latest`).
+new run's (:func:`contrastive_jax.training.run.checkpoints.restore_latest`).
 
 References:
   Rajbhandari et al., ZeRO (2020) and Zhao et al., PyTorch FSDP (2023); docs/references.md.

@@ -11,8 +11,8 @@ The ``optimizer`` block of a config::
     temperature_lr  peak rate of the log-temperature and the SigLIP bias (0: the main rate);
                     they are never decayed
 
-Frozen parameters (``config.model.frozen``, :mod:`contrastive_jax.training.frozen_towers`) are
-labelled ``"frozen"`` in an ``optax.multi_transform`` and get ``optax.set_to_zero()``: the
+Frozen parameters (``config.model.frozen``, :mod:`contrastive_jax.training.models.locked_towers`)
+are labelled ``"frozen"`` in an ``optax.multi_transform`` and get ``optax.set_to_zero()``: the
 other labels' states hold ``optax.MaskedNode()`` (no array) in their place and
 ``set_to_zero`` keeps no state, so the optimiser state has no entry for them, and they get no
 weight decay.

@@ -20,10 +20,10 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from contrastive_jax.training.frozen_towers import check_frozen, frozen_names
 from contrastive_jax.training.methods import Method
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.optimizers import build_optimizer
+from contrastive_jax.training.models.locked_towers import check_frozen, frozen_names
+from contrastive_jax.training.step.optimizers import build_optimizer
 
 # model settings about training, not the architecture (build_model does not take them)
 TRAINING_SETTINGS = ("frozen", "init_from")
@@ -48,8 +48,9 @@ def create_state(config, steps: int, method: Method
     """``(graphdef, fresh state, optimiser)`` for ``config`` trained for ``steps`` steps.
 
     The parameters are freshly initialised (``config.model.init_from`` is applied by the
-    trainer when a run starts, :mod:`contrastive_jax.training.pretrained`); those named by
-    ``config.model.frozen`` get no optimiser state (:mod:`.frozen_towers`)."""
+    trainer when a run starts, :mod:`contrastive_jax.training.run.init_from`); those named by
+    ``config.model.frozen`` get no optimiser state
+    (:mod:`~contrastive_jax.training.models.locked_towers`)."""
     frozen = frozen_names(config.model)
     model = build_model(_architecture(config.model), nnx.Rngs(config.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -69,6 +70,14 @@ def _architecture(model_config) -> dict:
     """The ``model`` block without the settings of how it is trained (``frozen``,
     ``init_from``): what :func:`build_model` takes."""
     return {k: v for k, v in dict(model_config).items() if k not in TRAINING_SETTINGS}
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point number in ``tree`` is finite (a boolean scalar)."""
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def replicated(mesh: Mesh, tree):

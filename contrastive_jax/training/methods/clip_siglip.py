@@ -2,7 +2,9 @@
 
 [CLIP], [SigLIP] (docs/references.md). CLIP's loss is :func:`contrastive_jax.losses.clip_loss`
 (or its sharded form); SigLIP's is :func:`contrastive_jax.losses.siglip.siglip_loss`, one
-binary decision per pair with a learnable bias. Both learn the logit scale.
+binary decision per pair with a learnable bias. Both learn the logit scale. Each calls its loss
+once, whatever the mesh (:meth:`~contrastive_jax.training.methods.base.LossSettings.clip_on`,
+:meth:`~contrastive_jax.training.methods.base.LossSettings.siglip_on`).
 """
 
 from __future__ import annotations
@@ -11,21 +13,18 @@ import math
 
 import jax.numpy as jnp
 
-from contrastive_jax.losses import clip_loss
-from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_siglip_loss
-from contrastive_jax.losses.siglip import siglip_loss
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.training.augmentations import augment_each
-from contrastive_jax.training.frozen_towers import trains
 from contrastive_jax.training.methods.base import Method, MethodContext, example_keys
+from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 from contrastive_jax.training.models.dropout import fold_each
-from contrastive_jax.training.step_metrics import contrastive_top1, first_anchors, mean_norm
+from contrastive_jax.training.models.locked_towers import trains
 
 
 def _embed(model, batch, keys, ctx: MethodContext) -> dict:
     """``{"x", "y"}``: the two towers' embeddings of the (augmented) samples and the captions,
     as ``model(sample, tokens, train=True)``, except that a frozen tower (``ctx.frozen``) runs
-    in inference mode (:mod:`contrastive_jax.training.frozen_towers`)."""
+    in inference mode (:mod:`contrastive_jax.training.models.locked_towers`)."""
     sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
     aug_keys, dropout_keys = example_keys(keys)
     if ctx.augment is not None:
@@ -59,14 +58,7 @@ class CLIP(Method):
     def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
         x, y = rows["x"], rows["y"]
         log_scale, ids = model.log_scale[...], ctx.loss.ids(batch)
-        if ctx.loss.strategy:
-            loss = sharded_clip_loss(x, y, log_scale, mesh=ctx.mesh, strategy=ctx.loss.strategy,
-                                     max_scale=ctx.loss.max_scale, direction=ctx.loss.direction,
-                                     block_size=ctx.loss.block, positive_ids=ids)
-        else:
-            loss = clip_loss(x, y, log_scale, max_scale=ctx.loss.max_scale, impl=ctx.loss.impl,
-                             direction=ctx.loss.direction, positive_ids=ids,
-                             **ctx.loss.tiled_kwargs())
+        loss = ctx.loss.clip_on(ctx.mesh, x, y, log_scale, ids)
         metrics = _pair_metrics(x, y, log_scale, ids, ctx)
         if ids is None:  # with positives by id, log N - L is not the bound (§15.3)
             metrics["mi_bound"] = math.log(x.shape[0]) - loss
@@ -85,11 +77,5 @@ class SigLIP(Method):
     def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
         x, y = rows["x"], rows["y"]
         log_scale, bias, ids = model.log_scale[...], model.bias[...], ctx.loss.ids(batch)
-        if ctx.loss.strategy:
-            loss = sharded_siglip_loss(x, y, log_scale, bias, mesh=ctx.mesh,
-                                       strategy=ctx.loss.strategy, max_scale=ctx.loss.max_scale,
-                                       block_size=ctx.loss.block, positive_ids=ids)
-        else:
-            loss = siglip_loss(x, y, log_scale, bias, max_scale=ctx.loss.max_scale,
-                               impl=ctx.loss.impl, positive_ids=ids, **ctx.loss.tiled_kwargs())
+        loss = ctx.loss.siglip_on(ctx.mesh, x, y, log_scale, bias, ids)
         return loss, {**_pair_metrics(x, y, log_scale, ids, ctx), "bias": bias}, {}
