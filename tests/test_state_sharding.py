@@ -80,7 +80,7 @@ def test_fsdp_steps_equal_replicated_steps(spec):
             assert len(extra) >= len(jax.tree.leaves(state.extra)) // 2
             split += extra
             queue = max(jax.tree.leaves(finals["fsdp"].extra), key=lambda leaf: leaf.size)
-            assert queue.shape[0] == config.model.queue_size
+            assert queue.shape[0] == config.moco.queue_size
             assert any(leaf is queue for leaf in extra)
         for leaf in split:
             assert leaf.addressable_shards[0].data.size * 8 == leaf.size
