@@ -60,18 +60,24 @@ def imports(path: pathlib.Path, module: str):
                 yield f"{base}.{alias.name}"
 
 
-def test_no_module_imports_a_higher_layer():
+def package_arrows() -> set[tuple[str, str]]:
+    """Every ``(importer, imported)`` pair of the package's modules; ``pkg.module.symbol``
+    resolves to its module."""
     known = {name for name, _ in modules()}
-    violations = []
+    arrows = set()
     for name, path in modules():
         for target in set(imports(path, name)):
             if not target.startswith("contrastive_jax"):
                 continue
-            while target not in known and "." in target:  # ``pkg.module.symbol`` -> module
+            while target not in known and "." in target:
                 target = target.rpartition(".")[0]
-            if layer(target) > layer(name):
-                violations.append(f"{name} (layer {layer(name)}) imports {target} "
-                                  f"(layer {layer(target)})")
+            arrows.add((name, target))
+    return arrows
+
+
+def test_no_module_imports_a_higher_layer():
+    violations = [f"{name} (layer {layer(name)}) imports {target} (layer {layer(target)})"
+                  for name, target in sorted(package_arrows()) if layer(target) > layer(name)]
     assert not violations, "\n".join(violations)
 
 
@@ -156,14 +162,7 @@ def loss_room_violations(arrows) -> list[str]:
 
 def test_the_losses_rooms_import_only_along_their_arrows():
     known = {name for name, _ in modules()}
-    arrows = set()
-    for name, path in modules():
-        for target in set(imports(path, name)):
-            if not target.startswith("contrastive_jax"):
-                continue
-            while target not in known and "." in target:  # ``pkg.module.symbol`` -> module
-                target = target.rpartition(".")[0]
-            arrows.add((name, target))
+    arrows = package_arrows()
     assert not loss_room_violations(arrows), "\n".join(loss_room_violations(arrows))
     # every room of the table holds a module, and the check does catch an arrow it forbids
     assert {loss_room(name) for name in known} >= set(LOSS_ARROWS)
@@ -215,16 +214,10 @@ def test_the_training_rooms_import_only_what_their_table_allows():
         f"rooms without a row: {sorted(rooms - set(TRAINING_ROOMS))}; rows without a room: "
         f"{sorted(set(TRAINING_ROOMS) - rooms)}")
     violations = []
-    for name, path in modules():
-        room = training_room(name)
-        if room in (None, "losses"):
+    for name, target in sorted(package_arrows()):
+        room, other = training_room(name), training_room(target)
+        if room in (None, "losses") or target == "contrastive_jax.training":
             continue
-        for target in set(imports(path, name)):
-            if not target.startswith("contrastive_jax") or target == "contrastive_jax.training":
-                continue
-            while target not in known and "." in target:
-                target = target.rpartition(".")[0]
-            other = training_room(target)
-            if other not in (None, room) and other not in TRAINING_ROOMS[room]:
-                violations.append(f"{name} ({room}) imports {target} ({other})")
+        if other not in (None, room) and other not in TRAINING_ROOMS[room]:
+            violations.append(f"{name} ({room}) imports {target} ({other})")
     assert not violations, "\n".join(violations)
