@@ -22,7 +22,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.models.converters import clip_import
+from contrastive_jax.training.models.converters import clip_import, converted_directory
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 QUICK = FIXTURES / "open_clip_tiny_quickgelu.safetensors"
@@ -215,10 +215,10 @@ def test_bfloat16_compute_stays_close_to_open_clip():
 def test_saved_directory_restores_the_same_model(tmp_path):
     config, params = clip_import.convert(QUICK, **HEADS)
     out = tmp_path / "converted"
-    clip_import.save_converted(out, config, params)
+    converted_directory.save_converted(out, config, params)
     assert json.loads((out / "model.json").read_text()) == config
     assert (out / "params").is_dir()
-    restored_config, restored = clip_import.load_converted(out)
+    restored_config, restored = converted_directory.load_converted(out)
     assert restored_config == config
     reference = np.load(QUICK.with_suffix(".npz"))
     a = outputs(model_with(config, params), reference["images"], reference["texts"])
@@ -227,7 +227,7 @@ def test_saved_directory_restores_the_same_model(tmp_path):
     for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(u, v)
     with pytest.raises(ConfigError, match="not an empty directory"):
-        clip_import.save_converted(out, config, params)
+        converted_directory.save_converted(out, config, params)
 
 
 def test_command_line(tmp_path, capsys):

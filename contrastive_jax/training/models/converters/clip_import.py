@@ -28,7 +28,6 @@ docs/pretrained.md gives the recipe and the parity numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -39,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax.training.models.converters.converted_directory import save_converted
 from contrastive_jax.training.models.converters.state_dict_files import (
     is_torchscript,
     load_state_dict,
@@ -316,46 +316,6 @@ def convert(path: str | os.PathLike, *, quick_gelu: bool | None = None,
             "open_clip's ViT-B-32 on LAION-2B)")
     return convert_state_dict(load_state_dict(path), quick_gelu=quick_gelu,
                               vision_heads=vision_heads, text_heads=text_heads)
-
-
-def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
-                   params: Mapping[str, Any]) -> None:
-    """Write ``out_dir/model.json`` (``model_config``) and ``out_dir/params`` (orbax
-    ``StandardCheckpointer``). ``out_dir`` must not exist or be empty (nothing is
-    overwritten)."""
-    import orbax.checkpoint as ocp
-
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise ConfigError(f"output {out_dir!r} exists and is not an empty directory; choose a "
-                          "new one")
-    os.makedirs(out_dir, exist_ok=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(out_dir, "params"), dict(params))
-    checkpointer.wait_until_finished()
-    with open(os.path.join(out_dir, "model.json"), "w") as f:
-        json.dump(dict(model_config), f, indent=2)
-        f.write("\n")
-
-
-def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
-    """``(model config, params)`` from a directory written by :func:`save_converted`; the
-    params are restored against the shapes of the model the config builds (so ``nnx.List``
-    indices come back as ints), float32 ``jax.Array`` s."""
-    import jax
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    from contrastive_jax.training.models import build_model
-
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    with open(os.path.join(out_dir, "model.json")) as f:
-        config = json.load(f)
-    model = nnx.eval_shape(lambda: build_model(config, nnx.Rngs(0)))
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    params = ocp.StandardCheckpointer().restore(os.path.join(out_dir, "params"), target)
-    return config, params
 
 
 def _flag_bool(text: str) -> bool:

@@ -1,0 +1,55 @@
+"""A converted model on disk: ``DIR/model.json`` (the ``model`` block that builds it) and
+``DIR/params`` (its parameters, an orbax ``StandardCheckpointer`` tree).
+
+The converters (:mod:`.clip_import`) write it; ``model.init_from`` and
+:func:`load_converted` read it (docs/pretrained.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from contrastive_jax.errors import ConfigError
+
+
+def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
+                   params: Mapping[str, Any]) -> None:
+    """Write ``out_dir/model.json`` (``model_config``) and ``out_dir/params`` (orbax
+    ``StandardCheckpointer``). ``out_dir`` must not exist or be empty (nothing is
+    overwritten)."""
+    import orbax.checkpoint as ocp
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise ConfigError(f"output {out_dir!r} exists and is not an empty directory; choose a "
+                          "new one")
+    os.makedirs(out_dir, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.join(out_dir, "params"), dict(params))
+    checkpointer.wait_until_finished()
+    with open(os.path.join(out_dir, "model.json"), "w") as f:
+        json.dump(dict(model_config), f, indent=2)
+        f.write("\n")
+
+
+def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
+    """``(model config, params)`` from a directory written by :func:`save_converted`; the
+    params are restored against the shapes of the model the config builds (so ``nnx.List``
+    indices come back as ints), float32 ``jax.Array`` s."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from contrastive_jax.training.models import build_model
+
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    with open(os.path.join(out_dir, "model.json")) as f:
+        config = json.load(f)
+    model = nnx.eval_shape(lambda: build_model(config, nnx.Rngs(0)))
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    params = ocp.StandardCheckpointer().restore(os.path.join(out_dir, "params"), target)
+    return config, params
