@@ -3,7 +3,6 @@ differences unless accepted; the run's length, logging and evaluation may change
 
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +12,8 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import train
 from contrastive_jax.training.run.config_record import changes, flatten, plain
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_reliability import command, environment, quick  # noqa: E402
+from test_reliability import command, quick, run_command_lines
 
 
 def test_plain_flatten_and_changes():
@@ -63,18 +61,18 @@ def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):
 
 
 def test_cli_config_drift_exits_2_and_the_flag_accepts_it(tmp_path):
-    def cli(*extra):
-        return subprocess.run(command(tmp_path, "--config.checkpoint_every=2", *extra),
-                              cwd=REPO, env=environment(), capture_output=True, text=True,
-                              timeout=300)
-
-    first = cli("--config.total_steps=2")
+    """The three command lines in turn, one forked child each of one interpreter
+    (tests/forked_command_lines.py: the exit status and stderr of ``python -m
+    contrastive_jax.main``, one import of the trainer)."""
+    base = command(tmp_path, "--config.checkpoint_every=2")[3:]
+    first, drift, ok = run_command_lines([
+        [*base, "--config.total_steps=2"],
+        [*base, "--config.total_steps=4", "--config.loss.temperature=0.5"],
+        [*base, "--config.total_steps=4", "--config.loss.temperature=0.5",
+         "--accept_config_change"]])
     assert first.returncode == 0, first.stderr[-2000:]
-    drift = cli("--config.total_steps=4", "--config.loss.temperature=0.5")
     assert drift.returncode == 2 and "Traceback" not in drift.stderr
     assert "loss.temperature: 0.2 -> 0.5" in drift.stderr
-    ok = cli("--config.total_steps=4", "--config.loss.temperature=0.5",
-             "--accept_config_change")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads((tmp_path / "results.json").read_text())["resumed_from"] == 2
 

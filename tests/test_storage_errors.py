@@ -1,5 +1,7 @@
 """Writes the system refuses (file-size limit, read-only checkpoints, disk full) end a run with
-exit 2 and one paragraph, at once, and the same command resumes once the cause is fixed."""
+exit 2 and one paragraph, at once, and a rerun of the same config finishes once the cause is
+fixed (the command's exit status and message are checked in a subprocess, the reruns and first
+runs in this process)."""
 
 import contextlib
 import errno
@@ -10,10 +12,11 @@ import sys
 from pathlib import Path
 
 from contrastive_jax.errors import storage_cause, storage_message
+from contrastive_jax.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_reliability import command, environment  # noqa: E402
+from test_reliability import command, environment, quick  # noqa: E402
 
 
 def test_storage_cause_walks_the_exception_chain():
@@ -41,11 +44,14 @@ def _with_file_size_limit(args: list[str]) -> list[str]:
     return ["bash", "-c", 'ulimit -f 16 && exec "$@"', "bash", *args]
 
 
-def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(tmp_path):
+def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(tmp_path,
+                                                                               capsys):
+    """The command under a file-size limit: exit 2, one line. The rerun of the same config
+    (in this process: the workdir is the subject, not the process) finishes."""
     from contrastive_jax.training.data import open_split
 
     open_split("mnist1d", "train")  # prepared (in the session's data dir) before the limit
-    args = command(tmp_path, "--config.total_steps=4", "--config.checkpoint_every=2")
+    args = command(tmp_path, "--config.total_steps=6", "--config.checkpoint_every=3")
     limited = subprocess.run(_with_file_size_limit(args), cwd=REPO, env=environment(),
                              capture_output=True, text=True, timeout=300)
     assert limited.returncode == 2, limited.stderr[-3000:]
@@ -53,10 +59,10 @@ def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(
               and "Warning" not in line and "warn(" not in line]
     assert len(errors) == 1, limited.stderr[-3000:]  # no orbax tracebacks either
     assert errors[0].startswith("error: cannot write") and "file-size limit" in errors[0]
-    rerun = subprocess.run(args, cwd=REPO, env=environment(), capture_output=True, text=True,
-                           timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "done in" in rerun.stdout
+    capsys.readouterr()
+    rerun = train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3, log_every=1),
+                                     str(tmp_path))
+    assert rerun["steps"] == 6 and "done in" in capsys.readouterr().out
 
 
 @contextlib.contextmanager
@@ -85,12 +91,13 @@ def _unwritable(folder: Path):
 
 
 def test_a_read_only_checkpoint_folder_is_refused_at_start(tmp_path):
-    first = subprocess.run(command(tmp_path, "--config.total_steps=2"), cwd=REPO,
-                           env=environment(), capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    # the first run in this process (its checkpoints are the subject); the command resumes it
+    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3, log_every=1),
+                             str(tmp_path))
     with _unwritable(tmp_path / "checkpoints"):
         # it used to wait 300 s for orbax's directory creation and then print a TimeoutError
-        run = subprocess.run(command(tmp_path, "--config.total_steps=4"), cwd=REPO,
+        run = subprocess.run(command(tmp_path, "--config.total_steps=9",
+                                     "--config.checkpoint_every=3"), cwd=REPO,
                              env=environment(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
