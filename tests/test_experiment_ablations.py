@@ -249,11 +249,16 @@ def test_batch_plan_accumulation(batch_size):
         batch_size.with_accumulation(runs, ks, (1024, 4))
 
 
-def test_micro_batch_trials_fit_the_budget():
+def test_micro_batch_trials_fit_the_budget(batch_size):
+    """On the config of the batch script's quick memory plan at batch 128 (its K = 1 trial is
+    then the same compiled program as the script's, test_batch_script_quick)."""
     from common import sweep
 
-    config = load_config("configs/simclr_mnist1d.py:quick,batch=128")
-    config.total_steps = 2
+    size = sweep.train_size(load_config(batch_size.CONFIG))
+    run = next(r for r in batch_size.plan(batch_size.QUICK_BATCHES, 0.1, None, size)
+               if r.batch == 128)
+    config = batch_size.make_config(run, 0, quick=True)
+    assert config.data.batch_size == 128
     whole = sweep.micro_batch_trials(config, math.inf)
     assert list(whole) == [1] and whole[1] > 0
     budget = 0.75 * whole[1]  # K = 1 no longer fits: the next powers of two are tried

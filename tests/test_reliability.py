@@ -57,7 +57,10 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     a random step (experiments/chaos.py) and restarted again: both end with the same
     parameter hash (parameters and BatchNorm statistics bit-identical)."""
     chaos = load_chaos()
-    steps, every = 60, 4
+    # 44 steps: for the stops at steps 6-10, random.Random(0) picks the same kill steps (20-24)
+    # as it does for 60 (how far past a checkpoint the kill lands is what the bound on the
+    # steps lost depends on)
+    steps, every = 44, 4
     config = "configs/simclr_mnist1d.py:quick"
     whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
                            env=environment(), cwd=REPO, capture_output=True, text=True,
