@@ -14,6 +14,7 @@ from contrastive_jax.training.run.config_record import changes, flatten, plain
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import command, quick, run_command_lines
+from trained_workdirs import simclr_quick_workdir
 
 
 def test_plain_flatten_and_changes():
@@ -34,7 +35,7 @@ def test_plain_flatten_and_changes():
 
 
 def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied
     recorded = json.loads((tmp_path / "config.json").read_text())
     assert recorded == plain(quick(total_steps=6, checkpoint_every=3))
     assert recorded["loss"]["temperature"] == 0.2 and recorded["total_steps"] == 6

@@ -11,6 +11,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 from test_train import load_config
+from trained_workdirs import simclr_quick_config, simclr_quick_workdir
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
@@ -133,9 +134,8 @@ def test_a_trainer_workdir_loads_its_encoder_and_batch_norm_statistics(tmp_path)
     and BatchNorm statistics bit-identical to the workdir's last checkpoint (read back with
     the trainer's own restore); the LiT run keeps them bit-identical (frozen); another
     encoder block (pooling) is refused; without pretrained the config names the command."""
-    simclr = load_config("simclr_mnist1d.py:quick")
-    simclr.evaluation.enabled = False
-    train_and_evaluate(simclr, str(tmp_path / "simclr"))
+    simclr = simclr_quick_config()
+    simclr_quick_workdir(tmp_path / "simclr")  # its run, trained once per process, copied
     mesh = make_mesh({"data": 8})
     _, template, _ = create_state(simclr, 6, method_for(simclr))
     manager = checkpoints.manager(tmp_path / "simclr", every=3, keep=3)

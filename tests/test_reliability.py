@@ -25,6 +25,7 @@ from contrastive_jax.training.step.train_state import all_finite, params_digest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import load_config  # noqa: E402
+from trained_workdirs import simclr_quick_workdir  # noqa: E402
 
 QUICK = ["--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
          "--config.log_every=1"]
@@ -57,10 +58,7 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     a random step (experiments/chaos.py) and restarted again: both end with the same
     parameter hash (parameters and BatchNorm statistics bit-identical)."""
     chaos = load_chaos()
-    # 44 steps: for the stops at steps 6-10, random.Random(0) picks the same kill steps (20-24)
-    # as it does for 60 (how far past a checkpoint the kill lands is what the bound on the
-    # steps lost depends on)
-    steps, every = 44, 4
+    steps, every = 60, 4
     config = "configs/simclr_mnist1d.py:quick"
     whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
                            env=environment(), cwd=REPO, capture_output=True, text=True,
@@ -120,7 +118,7 @@ def _saved_steps(workdir) -> list[int]:
 
 def test_damaged_latest_checkpoint_is_moved_aside_and_the_previous_one_restored(tmp_path,
                                                                                 capsys):
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied
     latest = tmp_path / "checkpoints" / "6" / "state"
     for path in latest.rglob("*"):  # corrupt every data file of the newest checkpoint
         if path.is_file() and path.stat().st_size > 0:
@@ -142,7 +140,7 @@ def test_non_finite_newest_checkpoint_is_moved_aside(tmp_path, capsys):
 
     from contrastive_jax.training.run import checkpoints
 
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied
     config = quick(total_steps=12, checkpoint_every=3)
     run, state = train.prepare_run(config, tmp_path)
     manager = checkpoints.manager(tmp_path, every=1, keep=5)
@@ -166,7 +164,7 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
     the run stops, moving aside the checkpoints from the step whose parameters led to the
     skipped steps. With the rate fixed, the rerun resumes from the last good one, not from
     a poisoned one."""
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied
     bad = quick(total_steps=30, checkpoint_every=3, max_skipped_in_a_row=3)
     bad.optimizer.learning_rate = 1e30
     with pytest.raises(train.NonFiniteError, match=r"step 9: .*3 steps in a row.*steps >= 6 "
@@ -182,7 +180,7 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
 
 
 def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_path):
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3), str(tmp_path))
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied
     wider = quick(total_steps=9)
     wider.model.encoder.features = 24
     with pytest.raises(ConfigError, match=r"another config.*model\.encoder\.features: 16 -> 24"):

@@ -17,6 +17,7 @@ from contrastive_jax.training import train
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import command, environment, quick  # noqa: E402
+from trained_workdirs import simclr_quick_workdir  # noqa: E402
 
 
 def test_storage_cause_walks_the_exception_chain():
@@ -91,9 +92,8 @@ def _unwritable(folder: Path):
 
 
 def test_a_read_only_checkpoint_folder_is_refused_at_start(tmp_path):
-    # the first run in this process (its checkpoints are the subject); the command resumes it
-    train.train_and_evaluate(quick(total_steps=6, checkpoint_every=3, log_every=1),
-                             str(tmp_path))
+    # a 6-step run's workdir (tests/trained_workdirs.py); the command would resume it
+    simclr_quick_workdir(tmp_path)
     with _unwritable(tmp_path / "checkpoints"):
         # it used to wait 300 s for orbax's directory creation and then print a TimeoutError
         run = subprocess.run(command(tmp_path, "--config.total_steps=9",
