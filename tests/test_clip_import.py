@@ -37,7 +37,10 @@ def rel_error(ours, reference) -> float:
 
 
 def model_with(config, params, **settings):
-    model = build_model({**config, **settings}, nnx.Rngs(0))
+    """The model of ``config`` (with ``settings``) holding ``params``: built with shapes only
+    (``nnx.eval_shape``: no random initial values, op by op each parameter shape was a compile
+    of its own), then every parameter (the model's only state) set from ``params``."""
+    model = nnx.eval_shape(lambda: build_model({**config, **settings}, nnx.Rngs(0)))
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
