@@ -98,7 +98,9 @@ def quick(**overrides):
     """The SimCLR quick config without evaluation. The in-process runs of the suite use
     ``total_steps`` in {6, 9, 12} (checkpoints every 3), so that each run's train step is a
     program an earlier run of the session compiled (the persistent compilation cache,
-    tests/conftest.py); the length of the schedule is part of the compiled program."""
+    tests/conftest.py); the length of the schedule is part of the compiled program. The
+    6-step run from scratch is not run again: tests/trained_workdirs.py trains it once per
+    process, and each test copies its workdir."""
     config = load_config("simclr_mnist1d.py:quick")
     config.evaluation.enabled = False
     for key, value in overrides.items():
