@@ -30,8 +30,11 @@ def leaves_by_path(tree) -> dict[str, np.ndarray]:
 
 
 def lit_config(frozen="sample_encoder", **sharding):
-    """The quick CLIP config (signal CNN with BatchNorm, Transformer text tower)."""
+    """The quick CLIP config (signal CNN with BatchNorm, Transformer text tower), without
+    augmentations (they run before the towers: a part of each step to compile that the frozen
+    tower's claims do not depend on)."""
     config = load_config("clip_mnist1d.py:quick")
+    config.augment = None
     config.model.frozen = frozen
     config.optimizer.update({"weight_decay": 0.1, "learning_rate": 1e-2})
     config.sharding.update(sharding)
