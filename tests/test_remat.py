@@ -156,7 +156,7 @@ def step_config(method: str, remat: bool) -> ml_collections.ConfigDict:
                         "text_encoder": dict(TEXT, depth=1), "embed_dim": 8}
         config.loss = {"name": "clip"}
     else:  # MoCo: ResNet encoder and a BatchNorm head, statistics in the model and the key copy
-        config.augment = {"kind": "image", "flip": 0.5, "noise": 0.05}
+        config.augment = {"kind": "image", "flip": 0.5, "noise": 0.05}  # (its two views)
         config.model = {"name": "projected_encoder", "encoder": RESNET,
                         "learn_temperature": True, "head": {"hidden": 16, "out": 8, "layers": 2}}
         config.loss = {"name": "moco", "temperature": 0.2}
