@@ -1,13 +1,16 @@
 """Exact gradient accumulation: K micro-batches give the gradient of the global-batch loss.
 
 Every method (CLIP with a learned log-scale, SigLIP with scale and bias, SimCLR, MoCo) on
-Transformer towers with dropout > 0 and augmentations on, in float64, against K = 1 on the same
-global batch (on 8 devices) to 1e-12 relative: the gradient of every parameter (log-scale and
-bias included) with the dense loss, K in {2, 8} on 8 devices and K = 4 on 1; with K = 4 on 8
-devices, the tiled loss (SimCLR) and the ring (CLIP, SigLIP); the whole state after a train
-step (MoCo, K = 4, SGD). A naive accumulation (the mean of the micro-batches' own losses)
-differs by more than 1%, so these tests can fail. (docs/training.md, "Gradient accumulation",
-claims exactly this list.)
+Transformer towers with dropout > 0 (SimCLR and MoCo with augmentations on), in float64,
+against K = 1 on the same global batch (on 8 devices) to 1e-12 relative: the gradient of every
+parameter (log-scale and bias included) with K = 8 on 8 devices and the dense loss (SimCLR's
+with label positives), and K = 4 on 1 device (CLIP); on 8 devices, the ring with K = 2 (CLIP)
+and K = 4 (SigLIP) and the tiled loss with K = 4 (SimCLR, label positives); the whole state
+after a train step (MoCo, K = 4, SGD). Each claim dimension (method, K, device count, impl or
+strategy) is covered, not their cross product: each (devices, K, loss) is a program to
+compile. A naive accumulation
+(the mean of the micro-batches' own losses) differs by more than 1%, so these tests can fail.
+(docs/training.md, "Gradient accumulation", claims exactly this list.)
 """
 
 import functools
@@ -43,8 +46,10 @@ def make_config(method: str, **loss) -> ml_collections.ConfigDict:
     config = base_config()
     config.data = {"batch_size": B}
     config.input_key, config.text_key = "image", "caption"
-    # random crops, flips and noise (a few ops: each compiles into every program)
-    config.augment = {"kind": "image", "resized_crop": 0.4, "flip": 0.5, "noise": 0.05}
+    if method in ("simclr", "moco"):  # random crops, flips and noise drawn per example (a
+        # fifth of each program to compile: the dual encoders' runs go without; their dropout
+        # keys take the same per-example path)
+        config.augment = {"kind": "image", "resized_crop": 0.4, "flip": 0.5, "noise": 0.05}
     if method in ("clip", "siglip"):
         config.model = {"name": "dual_encoder", "sample_encoder": VIT, "text_encoder": TEXT,
                         "embed_dim": 8, "siglip": method == "siglip"}
@@ -76,6 +81,15 @@ def make_batch(seed: int = 0) -> dict:
             "label": rng.integers(0, 4, B).astype(np.int32)}
 
 
+# the loss settings of every run of a method (SimCLR's runs with label positives, so that
+# accumulation carries a batch feature into pass 2); a tuple of items, hashable for the caches
+LOSS = {"clip": (), "siglip": (), "simclr": (("positive_ids", "label"),), "moco": ()}
+# per method, ``(loss settings, K)`` of its run with a blocked global loss on 8 devices
+BLOCKED = {"clip": ((("strategy", "ring"),), 2),
+           "siglip": ((("strategy", "ring"), ("block_size", 4)), 4),
+           "simclr": ((("impl", "tiled"), ("block_size", 8), ("positive_ids", "label")), 4)}
+
+
 def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
     config = make_config(method, **loss)
     config.optimizer.update(optimizer or {})
@@ -86,24 +100,28 @@ def setup(method: str, devices: int, optimizer: dict | None = None, **loss):
     return config, mesh, m, graphdef, float64(state), tx, ctx
 
 
-def gradients(method: str, runs: dict, **loss):
-    """``({(devices, K): (loss, grads)}, {devices: (method, graphdef, state, ctx)})`` of one
-    step on the same float64 state, batch and per-example keys, for each ``devices: (K, ...)``
-    of ``runs`` (each ``(devices, K)`` is one program to compile)."""
+@functools.cache
+def prepared(method: str, devices: int, loss: tuple):
+    """``(method, graphdef, float64 state, context)`` of :func:`setup`, built once per process."""
+    _, _, m, graphdef, state, _, ctx = setup(method, devices, **dict(loss))
+    return m, graphdef, state, ctx
+
+
+@functools.cache
+def gradient(method: str, devices: int, k: int, loss: tuple = ()):
+    """``(loss, grads)``, on the host, of one step with ``K = k`` on ``devices`` devices, on the
+    same float64 state, batch and per-example keys for every ``(devices, k, loss)``; each is one
+    program to compile, computed once per process (the tests below share the ``K = 1``
+    references)."""
+    m, graphdef, state, ctx = prepared(method, devices, loss)
+    mesh = make_mesh({"data": devices}, jax.devices()[:devices])
+    batch = jax.device_put(make_batch(), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec("data")))
     keys = jax.random.split(jax.random.key(7), B)
-    out, setups = {}, {}
-    for devices, ks in runs.items():
-        _, mesh, m, graphdef, state, _, ctx = setup(method, devices, **loss)
-        setups[devices] = m, graphdef, state, ctx
-        batch = jax.device_put(make_batch(), jax.sharding.NamedSharding(
-            mesh, jax.sharding.PartitionSpec("data")))
-        for k in ks:
-            fn = jax.jit(functools.partial(loss_and_gradient, graphdef=graphdef, method=m,
-                                           ctx=ctx, accumulation_steps=k))
-            # on the host: results of 1 and 8 devices are compared
-            out[devices, k] = jax.device_get(
-                fn(state.params, state.rest, batch, keys, state.extra))
-    return out, setups
+    fn = jax.jit(functools.partial(loss_and_gradient, graphdef=graphdef, method=m, ctx=ctx,
+                                   accumulation_steps=k))
+    # on the host: results of 1 and 8 devices are compared
+    return jax.device_get(fn(state.params, state.rest, batch, keys, state.extra))
 
 
 def loss_and_gradient(*args, **kwargs):
@@ -125,24 +143,20 @@ def assert_same_gradients(got, want, rtol=1e-12):
 
 @pytest.mark.parametrize("method", ["clip", "siglip", "simclr", "moco"])
 def test_accumulated_gradient_equals_one_batch(method):
-    """K = 2 and 8 on 8 devices (K = 8: one row per device per micro-batch) and K = 4 on one
-    device, each against K = 1 on 8 devices, in float64; the loss's own parameters (log-scale,
-    bias) are in the tree and nonzero. SigLIP's ring (K = 4, 8 devices) is checked here against
-    the same dense reference, and CLIP's naive accumulation against it (one K = 1 program per
-    method serves every comparison: each (devices, K) is a program to compile)."""
+    """K = 8 on 8 devices (one row per device per micro-batch) against K = 1 on 8 devices, in
+    float64, with the dense loss (SimCLR with label positives); the loss's own parameters
+    (log-scale, bias) are in the tree and nonzero. For CLIP also K = 4 on one device against
+    the same reference, and its naive accumulation differs from it (each (devices, K) is a
+    program to compile: the other K and the blocked losses are in the test below)."""
     with jax.enable_x64(True):
-        out, setups = gradients(method, {8: (1, 2, 8), 1: (4,)})
-        want = out[8, 1]
+        want = gradient(method, 8, 1, LOSS[method])
         assert abs(float(want[1]["log_scale"])) > 1e-6
         if method == "siglip":
             assert abs(float(want[1]["bias"])) > 1e-6
-        for run in ((8, 2), (8, 8), (1, 4)):
-            assert_same_gradients(out[run], want)
-        if method == "siglip":  # the global loss of pass 2 as the ring, against the dense K = 1
-            ring, _ = gradients(method, {8: (4,)}, strategy="ring", block_size=4)
-            assert_same_gradients(ring[8, 4], want)
+        assert_same_gradients(gradient(method, 8, 8, LOSS[method]), want)
         if method == "clip":
-            assert_naive_accumulation_differs(want[1], *setups[1])
+            assert_same_gradients(gradient(method, 1, 4), want)
+            assert_naive_accumulation_differs(want[1], *prepared(method, 1, ()))
 
 
 def assert_naive_accumulation_differs(exact, m, graphdef, state, ctx):
@@ -160,16 +174,15 @@ def assert_naive_accumulation_differs(exact, m, graphdef, state, ctx):
     assert diff > 0.01, diff
 
 
-@pytest.mark.parametrize("method,loss", [
-    ("clip", {"strategy": "ring", "positive_ids": "label"}),
-    ("simclr", {"impl": "tiled", "block_size": 8, "positive_ids": "label"}),
-])
-def test_accumulation_with_tiled_and_ring_losses(method, loss):
-    """The global loss of pass 2 may be any impl or sharded strategy (8 devices), here with
-    label positives. (SigLIP's ring: test_accumulated_gradient_equals_one_batch.)"""
+@pytest.mark.parametrize("method", list(BLOCKED))
+def test_accumulation_with_tiled_and_ring_losses(method):
+    """The global loss of pass 2 may be any impl or sharded strategy (8 devices): CLIP's ring
+    with K = 2, SigLIP's ring with K = 4 and SimCLR's tiled loss with K = 4 and label
+    positives, each against its method's dense K = 1 of the test above (the same numbers: the
+    blocked losses equal the dense one)."""
+    loss, k = BLOCKED[method]
     with jax.enable_x64(True):
-        out, _ = gradients(method, {8: (1, 4)}, **loss)
-        assert_same_gradients(out[8, 4], out[8, 1])
+        assert_same_gradients(gradient(method, 8, k, loss), gradient(method, 8, 1, LOSS[method]))
 
 
 def test_updated_parameters_and_state_equal():

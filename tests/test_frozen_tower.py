@@ -1,6 +1,8 @@
 """Locked towers (model.frozen): unchanged bit for bit, no optimiser state, no backward pass
 through them, and the trained tower's gradient equal to the unfrozen computation's."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,50 +30,83 @@ def leaves_by_path(tree) -> dict[str, np.ndarray]:
 
 
 def lit_config(frozen="sample_encoder", **sharding):
-    """The quick CLIP config (signal CNN with BatchNorm, Transformer text tower)."""
+    """The quick CLIP config (signal CNN with BatchNorm, Transformer text tower), without
+    augmentations (they run before the towers: a part of each step to compile that the frozen
+    tower's claims do not depend on)."""
     config = load_config("clip_mnist1d.py:quick")
+    config.augment = None
     config.model.frozen = frozen
     config.optimizer.update({"weight_decay": 0.1, "learning_rate": 1e-2})
     config.sharding.update(sharding)
     return config
 
 
-@pytest.mark.parametrize("sharding,k", [({}, 1), ({"params": "fsdp", "min_size": 0}, 2)])
-def test_frozen_tower_is_bit_identical_and_has_no_optimizer_state(sharding, k):
-    """Three steps (replicated with K = 1; FSDP with 2 micro-batches): the signal tower's
-    parameters and BatchNorm statistics are bit-identical to the start, everything else moved;
-    the optimiser state has no leaf under it, and exactly 2 per trainable leaf (Adam's mu and
-    nu) plus the counts."""
-    config = lit_config(**sharding)
+CASES = {  # frozen parameters, sharding, K; the replicated run also freezes the log-scale
+    "replicated": (("sample_encoder", "log_scale"), (), 1),
+    "fsdp": ("sample_encoder", (("params", "fsdp"), ("min_size", 0)), 2),
+}
+
+
+def is_frozen(path: str, frozen: str | tuple) -> bool:
+    """Whether a leaf path (of the parameters or the optimiser state) lies under ``frozen``."""
+    return bool(set(path.split("/")) & set((frozen,) if isinstance(frozen, str) else frozen))
+
+
+@functools.cache
+def three_steps(case: str) -> dict:
+    """Three steps of ``lit_config`` for ``CASES[case]`` (a frozen log-scale set to log 100,
+    above the clamp's cap, as a converted CLIP's): the paths of the optimiser state and of the
+    trainable parameters, the parameters and other state (leaves by path) before and after, the
+    last step's metrics and state; run once per process (two tests read the replicated run)."""
+    frozen, sharding, k = CASES[case]
+    config = lit_config(frozen, **dict(sharding))
     config.accumulation_steps = k
     mesh = make_mesh({"data": 8})
     method = method_for(config)
     graphdef, state, tx = create_state(config, 10, method)
-    opt_paths = list(leaves_by_path(state.opt_state))
-    assert not [p for p in opt_paths if "sample_encoder" in p]
-    trainable = [p for p in leaves_by_path(state.params) if not p.startswith("sample_encoder")]
-    arrays = [p for p in opt_paths if not p.endswith("count")]
-    assert len(arrays) == 2 * len(trainable)
+    if "log_scale" in frozen:
+        state = state.replace(params=jax.tree_util.tree_map_with_path(
+            lambda p, a: jnp.full_like(a, np.log(100.0)) if path_name(p) == "log_scale" else a,
+            state.params))
+    run = {"opt_paths": list(leaves_by_path(state.opt_state)),
+           "trainable": [p for p in leaves_by_path(state.params) if not is_frozen(p, frozen)]}
     state = jax.device_put(state, state_shardings(config.sharding, mesh, state))
     step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
-    before, rest_before = leaves_by_path(state.params), leaves_by_path(state.rest)
+    run["before"], run["rest_before"] = leaves_by_path(state.params), leaves_by_path(state.rest)
     new = state  # donated to the step
     batches = train_iterator(config.data, mesh)
     for _ in range(3):
         new, metrics = step(new, next(batches))
-    assert int(new.skipped) == 0 and np.isfinite(float(metrics["loss"]))
-    after = leaves_by_path(new.params)
-    for path, value in before.items():
-        if path.startswith("sample_encoder"):
-            assert after[path].tobytes() == value.tobytes(), path
+    run.update(new=new, metrics=metrics, after=leaves_by_path(new.params),
+               rest_after=leaves_by_path(new.rest))
+    return run
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_frozen_tower_is_bit_identical_and_has_no_optimizer_state(case):
+    """Three steps (replicated with K = 1; FSDP with 2 micro-batches): the signal tower's
+    parameters and BatchNorm statistics are bit-identical to the start, everything else moved
+    (the replicated run also freezes the log-scale); the optimiser state has no leaf under
+    the frozen parameters, and exactly 2 per trainable leaf (Adam's mu and nu) plus the
+    counts."""
+    frozen = CASES[case][0]
+    run = three_steps(case)
+    assert any(p.startswith("sample_encoder") for p in run["before"])
+    assert not [p for p in run["opt_paths"] if is_frozen(p, frozen)]
+    arrays = [p for p in run["opt_paths"] if not p.endswith("count")]
+    assert len(arrays) == 2 * len(run["trainable"])
+    assert int(run["new"].skipped) == 0 and np.isfinite(float(run["metrics"]["loss"]))
+    for path, value in run["before"].items():
+        if path in run["trainable"]:
+            assert not np.array_equal(run["after"][path], value), path  # it trained
         else:
-            assert not np.array_equal(after[path], value), path  # it trained
-    rest_after = leaves_by_path(new.rest)
-    assert any(p.startswith("sample_encoder/norms") for p in rest_before)
-    for path, value in rest_before.items():  # BatchNorm statistics of the frozen tower
-        assert rest_after[path].tobytes() == value.tobytes(), path
-    if sharding:  # the frozen tower's leaves are split under FSDP too
-        conv = new.params["sample_encoder"]["convs"][1]["kernel"]
+            assert is_frozen(path, frozen), path
+            assert run["after"][path].tobytes() == value.tobytes(), path
+    assert any(p.startswith("sample_encoder/norms") for p in run["rest_before"])
+    for path, value in run["rest_before"].items():  # BatchNorm statistics of the frozen tower
+        assert run["rest_after"][path].tobytes() == value.tobytes(), path
+    if case == "fsdp":  # the frozen tower's leaves are split under FSDP too
+        conv = run["new"].params["sample_encoder"]["convs"][1]["kernel"]
         assert not conv.sharding.is_fully_replicated
 
 
@@ -83,6 +118,8 @@ def test_unfrozen_tower_batch_norm_statistics_move():
     method = method_for(config)
     graphdef, state, tx = create_state(config, 10, method)
     assert any("sample_encoder" in p for p in leaves_by_path(state.opt_state))
+    # placed as the step returns it: the second step does not compile again
+    state = jax.device_put(state, state_shardings(config.sharding, mesh, state))
     step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
     params, rest = leaves_by_path(state.params), leaves_by_path(state.rest)
     batches = train_iterator(config.data, mesh)
@@ -167,7 +204,7 @@ def test_frozen_batch_norm_tower_runs_in_inference_mode():
                                   dropout_keys=dropout)
             return clip_loss(x, y, model.log_scale[...], impl="autodiff")
 
-        want_loss, want = jax.value_and_grad(plain)(state.params)
+        want_loss, want = jax.jit(jax.value_and_grad(plain))(state.params)  # one program
         trained = {key: grads[key] for key in grads if key != "sample_encoder"}
         reference = {key: want[key] for key in want if key != "sample_encoder"}
         assert_same_gradients((loss, trained), (want_loss, reference))
@@ -214,15 +251,7 @@ def test_bad_frozen_settings_say_what_to_change():
 
 def test_frozen_log_scale_above_the_cap_is_not_clamped():
     """A frozen log-scale (e.g. a converted CLIP's log 100) stays as it is: the clamp applies
-    to trained parameters only."""
-    config = lit_config(frozen=("sample_encoder", "log_scale"))
-    mesh = make_mesh({"data": 8})
-    method = method_for(config)
-    graphdef, state, tx = create_state(config, 10, method)
-    state = state.replace(params=jax.tree_util.tree_map_with_path(
-        lambda p, a: jnp.full_like(a, np.log(100.0)) if path_name(p) == "log_scale" else a,
-        state.params))
-    step = train_step.compiled_step(config, mesh, graphdef, state, tx, 10, method)
-    new, _ = step(state, next(train_iterator(config.data, mesh)))
-    assert np.asarray(new.params["log_scale"][...]).tobytes() == np.asarray(
-        np.float32(np.log(100.0))).tobytes()
+    to trained parameters only (the replicated run of the first test, three steps)."""
+    run = three_steps("replicated")
+    assert run["before"]["log_scale"].tobytes() == np.asarray(np.float32(np.log(100.0))).tobytes()
+    assert run["after"]["log_scale"].tobytes() == run["before"]["log_scale"].tobytes()

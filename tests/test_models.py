@@ -12,6 +12,19 @@ from contrastive_jax.training.methods import momentum_contrast as moco
 from contrastive_jax.training.models import build_encoder, build_model
 
 
+def built(build, config: dict):
+    """``build(config, nnx.Rngs(0))``, eagerly: one small program per parameter shape, shared
+    with every other test of the process that initialises a parameter of that shape (a jitted
+    initialisation would be one large program of random-number code per model)."""
+    return build(config, nnx.Rngs(0))
+
+
+@nnx.jit(static_argnames="train")
+def apply(model, x, train: bool = False):
+    """``model(x, train=train)`` as one program (BatchNorm's updated averages kept)."""
+    return model(x, train=train)
+
+
 def tiny_text(**kw):
     return {"name": "text_transformer", "vocab_size": 40, "max_tokens": 12, "width": 16,
             "depth": 1, "heads": 2, "features": 16, **kw}
@@ -28,9 +41,9 @@ def tiny_text(**kw):
     ({"name": "mlp", "in_features": 5, "hidden": 16, "depth": 2, "features": 32}, (3, 5)),
 ])
 def test_encoders_map_batches_to_features(config, shape):
-    encoder = build_encoder(config, nnx.Rngs(0))
+    encoder = built(build_encoder, config)
     x = jax.random.normal(jax.random.key(1), shape)
-    out = encoder(x, train=False)
+    out = apply(encoder, x)
     assert out.shape == (3, 32) and np.all(np.isfinite(out))
     assert not np.allclose(out[0], out[1])  # different inputs, different features
     with pytest.raises(ValueError, match="expects"):
@@ -38,43 +51,45 @@ def test_encoders_map_batches_to_features(config, shape):
 
 
 def test_text_tower_masks_padding():
-    tower = build_encoder(tiny_text(), nnx.Rngs(0))
+    tower = built(build_encoder, tiny_text())
     tokens = jnp.array([[2, 4, 8, 9, 3, 0, 0, 0, 0, 0, 0, 0]])
-    a = tower(tokens, train=False)
+    a = apply(tower, tokens)
     # what sits at the padded positions (their position embeddings) cannot leak in ...
     tower.positions[...] = tower.positions[...].at[:, 5:].add(100.0)
-    np.testing.assert_allclose(tower(tokens, train=False), a, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(apply(tower, tokens), a, rtol=1e-5, atol=1e-5)
     # ... while a real token does change the output
-    assert not np.allclose(tower(tokens.at[0, 1].set(5), train=False), a)
+    assert not np.allclose(apply(tower, tokens.at[0, 1].set(5)), a)
     with pytest.raises(ValueError, match="integers"):
         tower(tokens.astype(jnp.float32), train=False)
 
 
 def test_batchnorm_uses_batch_statistics_in_training_only():
-    model = build_model({"name": "projected_encoder", "encoder": {
+    model = built(build_model, {"name": "projected_encoder", "encoder": {
         "name": "signal_cnn", "length": 40, "channels": (4,), "kernel_sizes": (3,),
-        "strides": (1,), "features": 8}, "head": {"hidden": 8, "out": 4}}, nnx.Rngs(0))
+        "strides": (1,), "features": 8}, "head": {"hidden": 8, "out": 4}})
     x = jax.random.normal(jax.random.key(0), (16, 40, 1)) * 3 + 1
-    single_train = model(x[:1], train=True)[1]
-    batch_train = model(x, train=True)[1][:1]
+    single_train = apply(model, x[:1], train=True)[1]
+    batch_train = apply(model, x, train=True)[1][:1]
     assert not np.allclose(single_train, batch_train)  # batch statistics differ
     mean = nnx.state(model, nnx.BatchStat)["encoder"]["norms"][0]["mean"][...]
     assert np.any(mean != 0)  # running averages moved
-    features = model.features(x)
-    np.testing.assert_allclose(model.features(x[:1]), features[:1], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(model(x, train=False)[1], features, rtol=1e-6)
+    features = nnx.jit(type(model).features)(model, x)
+    np.testing.assert_allclose(nnx.jit(type(model).features)(model, x[:1]), features[:1],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(apply(model, x)[1], features, rtol=1e-6)
 
 
 def test_dual_encoder_temperature_and_siglip_bias():
     config = {"name": "dual_encoder",
               "sample_encoder": {"name": "mlp", "in_features": 4, "features": 8},
               "text_encoder": tiny_text(), "embed_dim": 6}
-    clip = build_model(config, nnx.Rngs(0))
+    clip = built(build_model, config)
     assert float(clip.log_scale[...]) == pytest.approx(math.log(1 / 0.07))
     assert clip.bias is None
-    x, y = clip(jnp.ones((2, 4)), jnp.ones((2, 12), jnp.int32), train=True)
+    x, y = nnx.jit(lambda m, a, b: m(a, b, train=True))(
+        clip, jnp.ones((2, 4)), jnp.ones((2, 12), jnp.int32))
     assert x.shape == y.shape == (2, 6)
-    siglip = build_model({**config, "siglip": True, "init_temperature": 0.1}, nnx.Rngs(0))
+    siglip = built(build_model, {**config, "siglip": True, "init_temperature": 0.1})
     assert float(siglip.bias[...]) == -10.0
     assert float(siglip.log_scale[...]) == pytest.approx(math.log(10.0))
 
@@ -147,9 +162,9 @@ def test_dropout_draws_each_example_from_its_own_key():
     drop = ExampleDropout(0.25)
     x = jnp.ones((64, 10, 8))
     keys = jax.random.split(jax.random.key(0), 64)
-    y = drop(x, keys=keys, train=True)
-    halves = jnp.concatenate([drop(x[:32], keys=keys[:32], train=True),
-                              drop(x[32:], keys=keys[32:], train=True)])
+    train = jax.jit(lambda x, keys: drop(x, keys=keys, train=True))  # a program per shape
+    y = train(x, keys)
+    halves = jnp.concatenate([train(x[:32], keys[:32]), train(x[32:], keys[32:])])
     np.testing.assert_array_equal(y, halves)
     np.testing.assert_array_equal(np.unique(np.asarray(y)), np.float32([0.0, 1.0 / 0.75]))
     assert abs(float(jnp.mean(y == 0)) - 0.25) < 0.02

@@ -76,18 +76,19 @@ def test_bfloat16_keeps_the_float32_parameter_tree(config):
     graphdef, params, rest = nnx.split(half, nnx.Param, ...)
     key_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, params), rest, copy=True)
     assert all(m.dtype == jnp.bfloat16 for m in layers_of(key_model))
-    x = example_input(config)
+    x = example_input(config)  # (each model call below is one jitted program)
     # computed in bfloat16: the features differ from the float32 model's by bfloat16 rounding
     # (relative error ~3e-3 measured; before any training-mode call moves BatchNorm averages)
-    features, plain_features = half.features(x), plain.features(x)
+    features, plain_features = (nnx.jit(type(m).features)(m, x) for m in (half, plain))
     error = float(jnp.linalg.norm(features - plain_features) / jnp.linalg.norm(plain_features))
     assert 1e-4 < error < 2e-2, error
     if config["name"] == "dual_encoder":
         tokens = jnp.ones((4, 6), jnp.int32)
-        outs = half(x, tokens, train=True, dropout_keys=jax.random.split(jax.random.key(0), 4))
-        outs += (half.embed_texts(tokens),)
+        keys = jax.random.split(jax.random.key(0), 4)
+        outs = nnx.jit(lambda m: (*m(x, tokens, train=True, dropout_keys=keys),
+                                  m.embed_texts(tokens)))(half)
     else:
-        outs = half(x, train=True)
+        outs = nnx.jit(lambda m: m(x, train=True))(half)
     outs += (features,)
     assert all(o.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(o))) for o in outs)
 

@@ -8,6 +8,8 @@ definition) and the CLIP dual encoder. The compiled temporaries of a ViT forward
 pass fall by more than 30% (a compile-time figure, not a timing).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -64,76 +66,97 @@ def assert_close(got, want, rtol=1e-12):
             jax.tree_util.keystr(path), err)
 
 
-def encoder_step(config: dict, policy: str | None, inference: bool = False):
-    """``(loss, output, param grads, updated BatchNorm statistics, jaxpr)`` of ``sum(W * f(x))``
-    for the float64 encoder ``config`` in training mode (dropout keys given), one jitted
-    program; with ``inference`` also the output in inference mode, from the same program."""
+ENCODERS = {c["name"]: c for c in (VIT, TEXT, RESNET, SIGNAL, MLP)}
+# the policies each encoder is run with ("plain": without remat); the ViT with every policy
+POLICIES = {name: ("plain", "nothing_saveable") for name in ENCODERS}
+POLICIES["vit"] += ("dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
+@functools.cache
+def encoder_steps(name: str) -> dict:
+    """``{policy: (loss, output, param grads, updated BatchNorm statistics, jaxpr, inference
+    output)}`` of ``sum(W * f(x))`` for the float64 encoder ``ENCODERS[name]`` in training mode
+    (dropout keys given) with each policy of ``POLICIES[name]``; every policy's step in one
+    jitted program (small programs: one compile instead of one each), computed once per
+    process. The inference-mode output (the plain Transformers only, else None) is in the same
+    program; each jaxpr is its policy's step traced alone."""
+    config = ENCODERS[name]
     rng = np.random.default_rng(0)
-    x = inputs(config["name"], rng)
-    model = build_encoder(config, nnx.Rngs(0), remat_policy=policy)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    params, rest = float64(params), float64(rest)
-    weights = jnp.asarray(rng.normal(size=(B, model.features)))
+    x = inputs(name, rng)
+    weights = jnp.asarray(rng.normal(size=(B, config["features"])))
     keys = jax.random.split(jax.random.key(3), B)
+    # every policy's model initialised in one jitted program (eagerly: a small program per
+    # parameter shape); the same values as eager initialisation
+    models = nnx.jit(lambda: {policy: build_encoder(
+        config, nnx.Rngs(0), remat_policy=None if policy == "plain" else policy)
+        for policy in POLICIES[name]})()
+    steps, states = {}, {}
+    for policy, model in models.items():
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        states[policy] = float64(params), float64(rest)
 
-    def loss(p, r):
-        m = nnx.merge(graphdef, p, r, copy=True)
-        kw = {"dropout_keys": keys} if "dropout" in config else {}
-        out = m(x, train=True, **kw)
-        return jnp.sum(weights * out), (out, nnx.state(m, nnx.Not(nnx.Param)))
+        def loss(p, r, graphdef=graphdef):
+            m = nnx.merge(graphdef, p, r, copy=True)
+            kw = {"dropout_keys": keys} if "dropout" in config else {}
+            out = m(x, train=True, **kw)
+            return jnp.sum(weights * out), (out, nnx.state(m, nnx.Not(nnx.Param)))
 
-    def step(p, r):
-        result = jax.value_and_grad(loss, has_aux=True)(p, r)
-        if inference:
-            return result, nnx.merge(graphdef, p, r, copy=True)(x, train=False)
-        return result, None
+        def step(p, r, graphdef=graphdef, loss=loss, inference=policy == "plain"):
+            result = jax.value_and_grad(loss, has_aux=True)(p, r)
+            if inference and "dropout" in config:
+                return result, nnx.merge(graphdef, p, r, copy=True)(x, train=False)
+            return result, None
 
-    traced = jax.jit(step).trace(params, rest)  # traced once: its jaxpr and its program
-    ((value, (out, new_rest)), grads), inferred = traced.lower().compile()(params, rest)
-    return value, out, grads, new_rest, traced.jaxpr, inferred
+        steps[policy] = step
+    results = jax.jit(lambda s: {policy: steps[policy](*s[policy]) for policy in steps})(states)
+    out = {}
+    for policy, (((value, (output, new_rest)), grads), inferred) in results.items():
+        jaxpr = jax.make_jaxpr(steps[policy])(*states[policy])
+        out[policy] = value, output, grads, new_rest, jaxpr, inferred
+    return out
 
 
-@pytest.mark.parametrize("config", [VIT, TEXT, RESNET, SIGNAL, MLP],
-                         ids=lambda c: c["name"])
-def test_remat_encoders_equal_plain(config):
+@pytest.mark.parametrize("name", list(ENCODERS))
+def test_remat_encoders_equal_plain(name):
     """Outputs, every parameter's gradient and the new BatchNorm statistics at 1e-12 (float64);
     dropout masks are drawn (outputs differ from inference mode) and the statistics move."""
     with jax.enable_x64(True):
-        plain = encoder_step(config, None, inference="dropout" in config)
-        remat = encoder_step(config, "nothing_saveable")
+        steps = encoder_steps(name)
+        plain, remat = steps["plain"], steps["nothing_saveable"]
         assert "remat" in str(remat[4]) and "remat" not in str(plain[4])
         assert remat[1].dtype == jnp.float64
         np.testing.assert_allclose(float(remat[0]), float(plain[0]), rtol=1e-12)
         assert_close(remat[1], plain[1])
         assert_close(remat[2], plain[2])
         stats = jax.tree.leaves(plain[3])
-        assert bool(stats) == (config["name"] in ("resnet", "signal_cnn"))
+        assert bool(stats) == (name in ("resnet", "signal_cnn"))
         if stats:
             assert_close(remat[3], plain[3])
             assert max(float(jnp.max(jnp.abs(s))) for s in stats) > 0.0  # statistics moved
-        if "dropout" in config:  # the masks are drawn: training output != inference output
+        if "dropout" in ENCODERS[name]:  # the masks are drawn: training != inference output
             assert float(jnp.max(jnp.abs(plain[5] - plain[1]))) > 1e-3
 
 
 @pytest.mark.parametrize("policy", ["dots_saveable", "dots_with_no_batch_dims_saveable"])
 def test_every_policy_gives_the_plain_gradients(policy):
     with jax.enable_x64(True):
-        plain, remat = encoder_step(VIT, None), encoder_step(VIT, policy)
-        assert_close(remat[2], plain[2])
+        steps = encoder_steps("vit")
+        assert "remat" in str(steps[policy][4])
+        assert_close(steps[policy][2], steps["plain"][2])
 
 
 def step_config(method: str, remat: bool) -> ml_collections.ConfigDict:
     config = base_config()
     config.data = {"batch_size": B}
     config.input_key, config.text_key = "image", "caption"
-    config.augment = {"kind": "image", "flip": 0.5, "noise": 0.05}
-    if method == "clip":
+    if method == "clip":  # no augmentations (they run before the towers; dropout draws keys)
         # one block per tower (the encoders' tests above chain two): every remat path is in
         # the step, at half the program to compile
         config.model = {"name": "dual_encoder", "sample_encoder": dict(VIT, depth=1),
                         "text_encoder": dict(TEXT, depth=1), "embed_dim": 8}
         config.loss = {"name": "clip"}
     else:  # MoCo: ResNet encoder and a BatchNorm head, statistics in the model and the key copy
+        config.augment = {"kind": "image", "flip": 0.5, "noise": 0.05}  # (its two views)
         config.model = {"name": "projected_encoder", "encoder": RESNET,
                         "learn_temperature": True, "head": {"hidden": 16, "out": 8, "layers": 2}}
         config.loss = {"name": "moco", "temperature": 0.2}
