@@ -157,24 +157,31 @@ def test_dot_product_logits_match_the_reference_and_reward_growing_norms():
     with the positive leading, scaling every embedding by 2 lowers the loss (docs/derivations.md
     §12.4)."""
     z1, z2 = _views(5, 4, seed=3, noise=0.2)
-    with jax.enable_x64(True):
-        a, b = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64)
-        loss = nt_xent(a, b, 0.5, impl="autodiff", normalize=False)
-        np.testing.assert_allclose(loss, ref.nt_xent(z1, z2, 0.5, normalize=False), rtol=1e-12)
-        # every positive leads its row (near-orthogonal classes, close views): the loss falls
-        # as all norms grow, towards 0 (with cosines it would not move)
+
+    @jax.jit
+    def losses(a, b):  # every loss below: one program
         u = jnp.eye(4, dtype=jnp.float64) + 0.01 * a[:4]
         v = u + 0.01 * b[:4]
-        losses = [nt_xent(s * u, s * v, 0.5, impl="autodiff", normalize=False)
-                  for s in (1.0, 2.0, 4.0)]
-        assert losses[0] > losses[1] > losses[2] > 0
-        np.testing.assert_allclose(nt_xent(4 * u, 4 * v, 0.5, impl="autodiff"),
-                                   nt_xent(u, v, 0.5, impl="autodiff"), rtol=1e-12)
         unit_a, unit_b = a / jnp.linalg.norm(a, axis=1, keepdims=True), b / jnp.linalg.norm(
             b, axis=1, keepdims=True)
-        np.testing.assert_allclose(nt_xent(unit_a, unit_b, 0.5, impl="autodiff",
-                                           normalize=False),
-                                   nt_xent(a, b, 0.5, impl="autodiff"), rtol=1e-12)
+        return {"dot": nt_xent(a, b, 0.5, impl="autodiff", normalize=False),
+                "ray": [nt_xent(s * u, s * v, 0.5, impl="autodiff", normalize=False)
+                        for s in (1.0, 2.0, 4.0)],
+                "cosine 4u": nt_xent(4 * u, 4 * v, 0.5, impl="autodiff"),
+                "cosine u": nt_xent(u, v, 0.5, impl="autodiff"),
+                "dot unit": nt_xent(unit_a, unit_b, 0.5, impl="autodiff", normalize=False),
+                "cosine": nt_xent(a, b, 0.5, impl="autodiff")}
+
+    with jax.enable_x64(True):
+        got = losses(jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64))
+        np.testing.assert_allclose(got["dot"], ref.nt_xent(z1, z2, 0.5, normalize=False),
+                                   rtol=1e-12)
+        # every positive leads its row (near-orthogonal classes, close views): the loss falls
+        # as all norms grow, towards 0 (with cosines it would not move)
+        ray = [float(v) for v in got["ray"]]
+        assert ray[0] > ray[1] > ray[2] > 0
+        np.testing.assert_allclose(got["cosine 4u"], got["cosine u"], rtol=1e-12)
+        np.testing.assert_allclose(got["dot unit"], got["cosine"], rtol=1e-12)
     for impl in ("tiled", "dense_vjp"):
         with pytest.raises(ValueError, match="impl='autodiff' only"):
             nt_xent(z1, z2, 0.5, impl=impl, normalize=False)
