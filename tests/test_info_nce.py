@@ -35,16 +35,25 @@ def test_integer_and_one_hot_mask_agree():
     assert float(info_nce(logits, pos)) == float(info_nce(logits, mask))
 
 
+@jax.jit
+def _several_positives(logits, mask):
+    """The loss, the gradient, -mean log of the positives' summed softmax (derivations §5.1)
+    and (p - q) / A, q the softmax restricted to the positives: one program."""
+    p = jax.nn.softmax(logits, axis=1)
+    expected = -jnp.mean(jnp.log(jnp.sum(jnp.where(mask, p, 0.0), axis=1)))
+    q = jnp.where(mask, p, 0.0) / jnp.sum(jnp.where(mask, p, 0.0), axis=1, keepdims=True)
+    loss, grad = jax.value_and_grad(info_nce)(logits, mask)
+    return loss, grad, expected, (p - q) / logits.shape[0]
+
+
 def test_several_positives_is_minus_log_of_their_summed_probability():
     with jax.enable_x64(True):
         logits = jax.random.normal(jax.random.key(1), (4, 6), jnp.float64) * 3
         mask = jnp.zeros((4, 6), bool).at[:, 1].set(True).at[0, 4].set(True).at[3, 0].set(True)
-        p = jax.nn.softmax(logits, axis=1)
-        expected = -jnp.mean(jnp.log(jnp.sum(jnp.where(mask, p, 0.0), axis=1)))  # derivations §5.1
-        np.testing.assert_allclose(info_nce(logits, mask), expected, rtol=1e-13)
+        loss, grad, expected, expected_grad = _several_positives(logits, mask)
+        np.testing.assert_allclose(loss, expected, rtol=1e-13)
         # Gradient: (p - q) / A with q the softmax restricted to the positives.
-        q = jnp.where(mask, p, 0.0) / jnp.sum(jnp.where(mask, p, 0.0), axis=1, keepdims=True)
-        np.testing.assert_allclose(jax.grad(info_nce)(logits, mask), (p - q) / 4, atol=1e-15)
+        np.testing.assert_allclose(grad, expected_grad, atol=1e-15)
 
 
 def test_all_candidates_positive_gives_zero():
