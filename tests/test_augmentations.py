@@ -580,7 +580,12 @@ def test_per_example_keys_make_views_independent_of_the_batch(kind):
     np.testing.assert_array_equal(w1, v1[order])
     np.testing.assert_array_equal(w2, v2[order])
     assert not np.allclose(v1, v2)
-    second = jax.vmap(jax.random.split)(keys)[:, 1]
-    np.testing.assert_array_equal(augment_each(x, second, config), v2)
+    split = jax.vmap(jax.random.split)(keys)
+    # augment_each over [x; x] with keys [split[:, 0]; split[:, 1]]: each example with its own
+    # key (as above), and the op-by-op programs of the same 2B-row shapes as two_views_each's.
+    both = augment_each(jnp.concatenate([x, x]), jnp.concatenate([split[:, 0], split[:, 1]]),
+                        config)
+    np.testing.assert_array_equal(both[16:], v2)
+    np.testing.assert_array_equal(both[:16], v1)
     with pytest.raises(ConfigError, match=r"keys must be \(16,\) typed PRNG keys"):
         augment_each(x, jax.random.key(0), config)

@@ -1,6 +1,7 @@
 """clip_loss against the step-by-step algorithm of docs/derivations.md §8.1, its edge cases, and
 its hand-written (dense_vjp) backward."""
 
+import functools
 import itertools
 
 import jax
@@ -30,6 +31,17 @@ def _exact_and_bound(x, y, log_scale, direction="both", max_scale=100.0):
     return b.scale, b.loss
 
 
+IMPLS = ("tiled", "dense_vjp", "autodiff")
+
+
+@jax.jit
+def _every_impl(x, y, log_scale):
+    """The loss of every impl: one program per shape (a new scale reuses it)."""
+    return {impl: clip_loss(x, y, log_scale, impl=impl,
+                            **({"block_size": 64} if impl == "tiled" else {}))
+            for impl in IMPLS}
+
+
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17, 256], [1, 8, 64])))
 def test_matches_reference_in_float32(n, d):
     x, y = _pair(n, d, seed=n + d)
@@ -37,9 +49,7 @@ def test_matches_reference_in_float32(n, d):
         log_scale = np.float32(np.log(scale))
         s, bound = _exact_and_bound(x, y, log_scale)
         expected = ref.clip_loss(x, y, s)
-        for impl in ("tiled", "dense_vjp", "autodiff"):
-            loss = clip_loss(x, y, log_scale, impl=impl, **({"block_size": 64} if impl == "tiled"
-                                                          else {}))
+        for impl, loss in _every_impl(x, y, log_scale).items():
             fb.assert_within(loss, expected, bound, f"{impl}, scale {scale}")
 
 
@@ -89,6 +99,15 @@ def test_scale_is_clipped_at_max_scale_with_zero_log_scale_gradient():
                                rtol=(np.log(30.0) + fb.C_FN) * fb.U)
 
 
+@jax.jit
+def _value_and_grads_at_scale_100(x, y):
+    """Both impls' value and gradients at log_scale log(100): one program per dtype, shared by
+    every case."""
+    return {impl: jax.value_and_grad(clip_loss, argnums=(0, 1, 2))(x, y, jnp.log(100.0),
+                                                                    impl=impl)
+            for impl in ("autodiff", "dense_vjp")}
+
+
 @pytest.mark.parametrize("impl", ["autodiff", "dense_vjp"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("case", ["identical", "near_identical", "all_zero", "one_zero_row"])
@@ -101,9 +120,7 @@ def test_finite_at_scale_100(case, dtype, impl):
         "all_zero": jnp.zeros((n, d)),
         "one_zero_row": jax.random.normal(jax.random.key(5), (n, d)).at[3].set(0.0),
     }[case].astype(dtype)
-    y = x
-    loss, grads = jax.value_and_grad(clip_loss, argnums=(0, 1, 2))(x, y, jnp.log(100.0),
-                                                                     impl=impl)
+    loss, grads = _value_and_grads_at_scale_100(x, x)[impl]
     assert jnp.isfinite(loss)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
     assert grads[0].dtype == dtype
@@ -123,18 +140,27 @@ def test_bfloat16_inputs_compute_in_float32():
     fb.assert_within(loss, ref.clip_loss(x32, y32, s), bound)
 
 
+@functools.partial(jax.jit, static_argnames="direction")
+def _both_impls(x, y, log_scale, direction):
+    """Value and gradients of impl="autodiff" and impl="dense_vjp": one program per direction
+    and dtype (a new scale reuses it)."""
+    return {impl: jax.value_and_grad(clip_loss, argnums=(0, 1, 2))(x, y, log_scale,
+                                                                    direction=direction,
+                                                                    impl=impl)
+            for impl in ("autodiff", "dense_vjp")}
+
+
 @pytest.mark.parametrize("direction", ["both", "x_to_y", "y_to_x"])
 @pytest.mark.parametrize("log_scale", [np.log(14.3), np.log(100.0), np.log(250.0)])
 def test_dense_vjp_backward_equals_autodiff(direction, log_scale):
     x, y = _pair(37, 24, seed=7)
     x[5] = 0.0  # the zero-norm branch of the normalisation
-    f = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)),
-                static_argnames=("direction", "impl"))
+    f = _both_impls
     with jax.enable_x64(True):  # float64: the two backward passes agree to round-off
         x64, y64, ls64 = jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64), jnp.float64(
             log_scale)
-        (la, ga), (lb, gb) = (f(x64, y64, ls64, direction=direction, impl=impl)
-                              for impl in ("autodiff", "dense_vjp"))
+        both = f(x64, y64, ls64, direction=direction)
+        (la, ga), (lb, gb) = both["autodiff"], both["dense_vjp"]
         np.testing.assert_allclose(lb, la, rtol=1e-12)
         for a, b in zip(ga, gb, strict=True):
             assert _rel(b, a) <= 1e-12 if np.any(np.asarray(a)) else np.all(np.asarray(b) == 0)
@@ -142,10 +168,8 @@ def test_dense_vjp_backward_equals_autodiff(direction, log_scale):
     ls32 = np.float32(log_scale)
     b = fb.bounds_for("clip", x, y, ls32, direction)
     with jax.enable_x64(True):
-        want_loss, want = f(x64, y64, jnp.float64(b.third), direction=direction,
-                            impl="autodiff")
-    for impl in ("autodiff", "dense_vjp"):
-        loss, grads = f(x, y, ls32, direction=direction, impl=impl)
+        want_loss, want = f(x64, y64, jnp.float64(b.third), direction=direction)["autodiff"]
+    for impl, (loss, grads) in f(x, y, ls32, direction=direction).items():
         fb.assert_within(loss, want_loss, b.loss, impl)
         fb.assert_rows_within(grads[0], want[0], b.rows_x, f"{impl} grad_x")
         fb.assert_rows_within(grads[1], want[1], b.rows_y, f"{impl} grad_y")

@@ -2,11 +2,13 @@
 
 Every loss (CLIP, NT-Xent, SigLIP) x every path (the tiled and dense_vjp impls on one device;
 ``all_gather``, ``ring`` and ``all_gather_no_grad`` on 1, 2, 4 and 8 devices) x positives by
-index or by id, against a dense float64 reference written with ``info_nce`` and a boolean
-positive mask (docs/derivations.md §5), to 1e-12: the loss and every gradient (embeddings, the
-scale or temperature, SigLIP's bias). 24 rows in blocks of 5: on 1, 2, 4 and 8 devices that is
-24, 12, 6 and 3 rows per device, so a block never divides a device's rows and on 8 devices it
-is larger than them; row 3 is zero.
+id, and by index on one device, for SigLIP and for ``all_gather_no_grad`` on every device
+count (CLIP's and NT-Xent's ``all_gather`` and ``ring`` with positives by index on 2, 4 and 8
+devices: tests/test_sharding.py, to 1e-12 in float64 on 8), against a dense float64
+reference written with ``info_nce`` and a boolean positive mask (docs/derivations.md §5), to
+1e-12: the loss and every gradient (embeddings, the scale or temperature, SigLIP's bias). 24
+rows in blocks of 5: on 1, 2, 4 and 8 devices that is 24, 12, 6 and 3 rows per device, so a
+block never divides a device's rows and on 8 devices it is larger than them; row 3 is zero.
 """
 
 import functools
@@ -31,12 +33,15 @@ LOG_SCALE, TAU, BIAS = np.log(7.0), 0.3, -2.0
 IDS = np.random.default_rng(0).integers(0, 6, N).astype(np.int32)  # repeats: several positives
 
 
+@functools.cache
 def _data(dtype=jnp.float64):
-    k = jax.random.split(jax.random.key(1), 2)
-    base = jnp.float64 if dtype == jnp.float64 else jnp.float32
-    x = jax.random.normal(k[0], (N, D_EMB), base)
-    y = x + 0.5 * jax.random.normal(k[1], (N, D_EMB), base)
-    return x.at[3].set(0.0).astype(dtype), y.astype(dtype)
+    """x, y (N, D_EMB) in ``dtype``, row 3 of x zero; float64 draws under x64."""
+    with jax.enable_x64(dtype == jnp.float64):
+        k = jax.random.split(jax.random.key(1), 2)
+        base = jnp.float64 if dtype == jnp.float64 else jnp.float32
+        x = jax.random.normal(k[0], (N, D_EMB), base)
+        y = x + 0.5 * jax.random.normal(k[1], (N, D_EMB), base)
+        return x.at[3].set(0.0).astype(dtype), y.astype(dtype)
 
 
 def _mask(ids):
@@ -87,34 +92,54 @@ def _sharded(loss, strategy, devices):
     return fn
 
 
+def _third(loss):
+    return jnp.float64(TAU if loss == "nt_xent" else LOG_SCALE)
+
+
 @functools.cache
 def _want(loss, with_ids):
-    with jax.enable_x64(True):
-        x, y = _data()
-        ids = IDS if with_ids else None
-        third = jnp.float64(TAU if loss == "nt_xent" else LOG_SCALE)
-        value, grads = jax.value_and_grad(reference, argnums=(1, 2, 3, 4))(
-            loss, x, y, third, jnp.float64(BIAS), ids)
-        return float(value), [np.asarray(g) for g in grads]
+    """The float64 reference value and gradients (x, y, scale or temperature, bias); all six
+    (loss, with_ids) references are one program, compiled once."""
+    return _wants()[loss, with_ids]
 
 
-def _check(loss, fn, with_ids, gradients=True):
+@functools.cache
+def _wants():
+    keys = [(loss, w) for loss in ("clip", "nt_xent", "siglip") for w in (False, True)]
     with jax.enable_x64(True):
         x, y = _data()
-        ids = jnp.asarray(IDS) if with_ids else None
-        third = jnp.float64(TAU if loss == "nt_xent" else LOG_SCALE)
-        f = jax.jit(jax.value_and_grad(lambda a, b, t, c: fn(a, b, t, c, ids),
-                                       argnums=(0, 1, 2, 3)))
-        value, grads = f(x, y, third, jnp.float64(BIAS))
-        want_value, want = _want(loss, with_ids)
-        assert abs(float(value) - want_value) <= 1e-12 * abs(want_value)
-        if not gradients:
-            return
-        names = ("x", "y", "scale", "bias") if loss == "siglip" else ("x", "y", "scale")
+
+        def all_references(x, y, bias):
+            return [jax.value_and_grad(reference, argnums=(1, 2, 3, 4))(
+                loss, x, y, _third(loss), bias, IDS if with_ids else None)
+                for loss, with_ids in keys]
+
+        out = jax.jit(all_references)(x, y, jnp.float64(BIAS))
+        return {key: (float(value), [np.asarray(g) for g in grads])
+                for key, (value, grads) in zip(keys, out, strict=True)}
+
+
+def _check_all(loss, fns, gradients):
+    """Each of ``fns`` (``{key: (fn, with_ids)}``) equals the dense float64 reference to 1e-12:
+    the loss and, where ``gradients[key]``, every gradient. All of them are one jitted program
+    (one compile for many small losses)."""
+    def every(x, y, third, bias):
+        return {key: jax.value_and_grad(
+            lambda a, b, t, c, fn=fn, w=with_ids: fn(a, b, t, c, jnp.asarray(IDS) if w else None),
+            argnums=(0, 1, 2, 3))(x, y, third, bias) for key, (fn, with_ids) in fns.items()}
+
+    with jax.enable_x64(True):
+        results = jax.jit(every)(*_data(), _third(loss), jnp.float64(BIAS))
+    names = ("x", "y", "scale", "bias") if loss == "siglip" else ("x", "y", "scale")
+    for key, (value, grads) in results.items():
+        want_value, want = _want(loss, fns[key][1])
+        assert abs(float(value) - want_value) <= 1e-12 * abs(want_value), key
+        if not gradients[key]:
+            continue
         for name, got, w in zip(names, grads, want, strict=False):
             got = np.asarray(got, np.float64)
             err = np.linalg.norm((got - w).ravel()) / np.linalg.norm(w.ravel())
-            assert err <= 1e-12, (name, err)
+            assert err <= 1e-12, (key, name, err)
 
 
 PATHS = [("clip", "tiled"), ("clip", "dense_vjp"), ("clip", "autodiff"), ("nt_xent", "tiled"),
@@ -122,22 +147,24 @@ PATHS = [("clip", "tiled"), ("clip", "dense_vjp"), ("clip", "autodiff"), ("nt_xe
          ("siglip", "autodiff")]
 
 
-@pytest.mark.parametrize("with_ids", [False, True])
 @pytest.mark.parametrize("loss, impl", PATHS)
-def test_single_device_paths(loss, impl, with_ids):
-    _check(loss, _single(loss, impl), with_ids)
+def test_single_device_paths(loss, impl):
+    # Positives by index and by id: two losses of one program.
+    fns = {(impl, w): (_single(loss, impl), w) for w in (False, True)}
+    _check_all(loss, fns, dict.fromkeys(fns, True))
 
 
-@pytest.mark.parametrize("with_ids", [False, True])
 @pytest.mark.parametrize("devices", [1, 2, 4, 8])
 @pytest.mark.parametrize("loss", ["clip", "nt_xent", "siglip"])
-def test_sharded_paths(loss, devices, with_ids):
-    for strategy in STRATEGIES:
-        if loss == "siglip" and strategy == "all_gather_no_grad":
-            continue
-        # all_gather_no_grad: the same value, a different gradient (tests/test_sharding.py)
-        _check(loss, _sharded(loss, strategy, devices), with_ids,
-               gradients=strategy != "all_gather_no_grad")
+def test_sharded_paths(loss, devices):
+    # Every strategy in one program. Positives by id everywhere; by index on one device, for
+    # SigLIP and all_gather_no_grad (CLIP's and NT-Xent's all_gather and ring with positives by
+    # index on 2, 4 and 8 devices: tests/test_sharding.py).
+    strategies = [s for s in STRATEGIES if not (loss == "siglip" and s == "all_gather_no_grad")]
+    fns = {(s, w): (_sharded(loss, s, devices), w) for s in strategies for w in (False, True)
+           if w or devices == 1 or loss == "siglip" or s == "all_gather_no_grad"}
+    # all_gather_no_grad: the same value, a different gradient (tests/test_sharding.py)
+    _check_all(loss, fns, {key: key[0] != "all_gather_no_grad" for key in fns})
 
 
 def test_positives_by_id_change_the_loss():
@@ -149,10 +176,13 @@ def test_positives_by_id_change_the_loss():
 def test_bfloat16_inputs_at_scale_100_stay_finite(loss):
     x, y = _data(jnp.bfloat16)
     third = jnp.float32(0.01 if loss == "nt_xent" else np.log(100.0))
-    for fn in (_single(loss, "tiled"), _sharded(loss, "ring", 8)):
-        value, grads = jax.jit(jax.value_and_grad(lambda a, b, t, c, fn=fn: fn(a, b, t, c, None),
-                                                  argnums=(0, 1, 2, 3)))(x, y, third,
-                                                                         jnp.float32(BIAS))
+
+    def both(a, b, t, c):  # the tiled impl and the ring on 8 devices: one program
+        return [jax.value_and_grad(lambda a, b, t, c, fn=fn: fn(a, b, t, c, None),
+                                   argnums=(0, 1, 2, 3))(a, b, t, c)
+                for fn in (_single(loss, "tiled"), _sharded(loss, "ring", 8))]
+
+    for value, grads in jax.jit(both)(x, y, third, jnp.float32(BIAS)):
         assert np.isfinite(float(value))
         assert all(np.all(np.isfinite(np.asarray(g, np.float32))) for g in grads)
         assert grads[0].dtype == jnp.bfloat16

@@ -27,6 +27,12 @@ def _nt_xent_bound(z1, z2, tau):
     return fb.bounds_for("nt_xent", z1, z2, tau).loss
 
 
+@jax.jit
+def _every_impl(z1, z2, tau):
+    """The loss of every impl: one program per shape (a new temperature reuses it)."""
+    return {impl: nt_xent(z1, z2, tau, impl=impl) for impl in ("tiled", "dense_vjp", "autodiff")}
+
+
 @pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17], [1, 8, 64])))
 def test_matches_reference_in_float32(n, d):
     for noise in (None, 0.3):  # independent views, then correlated views (tiny losses)
@@ -35,9 +41,8 @@ def test_matches_reference_in_float32(n, d):
             tau32 = float(np.float32(tau))
             expected = ref.nt_xent(z1, z2, tau32)
             bound = _nt_xent_bound(z1, z2, tau32)
-            for impl in ("tiled", "dense_vjp", "autodiff"):
-                fb.assert_within(nt_xent(z1, z2, tau, impl=impl), expected, bound,
-                                 f"{impl}, tau {tau}, noise {noise}")
+            for impl, loss in _every_impl(z1, z2, np.float32(tau)).items():
+                fb.assert_within(loss, expected, bound, f"{impl}, tau {tau}, noise {noise}")
 
 
 @pytest.mark.parametrize("n", [2, 5, 64])
@@ -69,24 +74,31 @@ def test_pairs_are_symmetric_in_the_two_views():
         fb.assert_within(nt_xent(a, b, 0.2), expected, _nt_xent_bound(z1, z2, tau32))
 
 
+@jax.jit
+def _both_impls(z1, z2, tau):
+    """Value and gradients of impl="autodiff" and impl="dense_vjp": one program per dtype (a
+    new temperature reuses it)."""
+    return {impl: jax.value_and_grad(nt_xent, argnums=(0, 1, 2))(z1, z2, tau, impl=impl)
+            for impl in ("autodiff", "dense_vjp")}
+
+
 @pytest.mark.parametrize("tau", [0.05, 0.5])
 def test_dense_vjp_backward_equals_autodiff(tau):
     z1, z2 = _views(29, 24, seed=3, noise=0.5)
     z1[4] = 0.0
-    f = jax.jit(jax.value_and_grad(nt_xent, argnums=(0, 1, 2)), static_argnames="impl")
     with jax.enable_x64(True):  # float64: the two backward passes agree to round-off
         a, b, t = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64), jnp.float64(tau)
-        (la, ga), (lb, gb) = f(a, b, t, impl="autodiff"), f(a, b, t, impl="dense_vjp")
+        both = _both_impls(a, b, t)
+        (la, ga), (lb, gb) = both["autodiff"], both["dense_vjp"]
         np.testing.assert_allclose(lb, la, rtol=1e-12)
         for x, y in zip(ga, gb, strict=True):
             x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
             assert np.linalg.norm(x - y) <= 1e-12 * np.linalg.norm(x)
         tau32 = float(np.float32(tau))
-        want_loss, want = f(a, b, jnp.float64(tau32), impl="autodiff")
+        want_loss, want = _both_impls(a, b, jnp.float64(tau32))["autodiff"]
     # float32: each impl against the float64 result, within the derived bounds.
     bounds = fb.bounds_for("nt_xent", z1, z2, tau32)
-    for impl in ("autodiff", "dense_vjp"):
-        loss, grads = f(z1, z2, np.float32(tau), impl=impl)
+    for impl, (loss, grads) in _both_impls(z1, z2, np.float32(tau)).items():
         fb.assert_within(loss, want_loss, bounds.loss, impl)
         fb.assert_rows_within(grads[0], want[0], bounds.rows_x, f"{impl} grad_z1")
         fb.assert_rows_within(grads[1], want[1], bounds.rows_y, f"{impl} grad_z2")
@@ -109,10 +121,16 @@ def test_analytic_is_a_deprecated_alias_of_dense_vjp():
     assert settings.tiled_kwargs() == {}
 
 
+@jax.jit
+def _both_impls_at_tau_001(z1, z2):
+    return {impl: jax.value_and_grad(nt_xent, argnums=(0, 1))(z1, z2, 0.01, impl=impl)
+            for impl in ("autodiff", "dense_vjp")}
+
+
 @pytest.mark.parametrize("impl", ["autodiff", "dense_vjp"])
 def test_finite_with_bfloat16_and_zero_rows_at_tau_001(impl):
     z = jnp.zeros((8, 16), jnp.bfloat16).at[:4].set(1.0)
-    loss, grads = jax.value_and_grad(nt_xent, argnums=(0, 1))(z, z, 0.01, impl=impl)
+    loss, grads = _both_impls_at_tau_001(z, z)[impl]  # both impls: one program
     assert jnp.isfinite(loss) and all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
     assert grads[0].dtype == jnp.bfloat16
 
@@ -139,24 +157,31 @@ def test_dot_product_logits_match_the_reference_and_reward_growing_norms():
     with the positive leading, scaling every embedding by 2 lowers the loss (docs/derivations.md
     §12.4)."""
     z1, z2 = _views(5, 4, seed=3, noise=0.2)
-    with jax.enable_x64(True):
-        a, b = jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64)
-        loss = nt_xent(a, b, 0.5, impl="autodiff", normalize=False)
-        np.testing.assert_allclose(loss, ref.nt_xent(z1, z2, 0.5, normalize=False), rtol=1e-12)
-        # every positive leads its row (near-orthogonal classes, close views): the loss falls
-        # as all norms grow, towards 0 (with cosines it would not move)
+
+    @jax.jit
+    def losses(a, b):  # every loss below: one program
         u = jnp.eye(4, dtype=jnp.float64) + 0.01 * a[:4]
         v = u + 0.01 * b[:4]
-        losses = [nt_xent(s * u, s * v, 0.5, impl="autodiff", normalize=False)
-                  for s in (1.0, 2.0, 4.0)]
-        assert losses[0] > losses[1] > losses[2] > 0
-        np.testing.assert_allclose(nt_xent(4 * u, 4 * v, 0.5, impl="autodiff"),
-                                   nt_xent(u, v, 0.5, impl="autodiff"), rtol=1e-12)
         unit_a, unit_b = a / jnp.linalg.norm(a, axis=1, keepdims=True), b / jnp.linalg.norm(
             b, axis=1, keepdims=True)
-        np.testing.assert_allclose(nt_xent(unit_a, unit_b, 0.5, impl="autodiff",
-                                           normalize=False),
-                                   nt_xent(a, b, 0.5, impl="autodiff"), rtol=1e-12)
+        return {"dot": nt_xent(a, b, 0.5, impl="autodiff", normalize=False),
+                "ray": [nt_xent(s * u, s * v, 0.5, impl="autodiff", normalize=False)
+                        for s in (1.0, 2.0, 4.0)],
+                "cosine 4u": nt_xent(4 * u, 4 * v, 0.5, impl="autodiff"),
+                "cosine u": nt_xent(u, v, 0.5, impl="autodiff"),
+                "dot unit": nt_xent(unit_a, unit_b, 0.5, impl="autodiff", normalize=False),
+                "cosine": nt_xent(a, b, 0.5, impl="autodiff")}
+
+    with jax.enable_x64(True):
+        got = losses(jnp.asarray(z1, jnp.float64), jnp.asarray(z2, jnp.float64))
+        np.testing.assert_allclose(got["dot"], ref.nt_xent(z1, z2, 0.5, normalize=False),
+                                   rtol=1e-12)
+        # every positive leads its row (near-orthogonal classes, close views): the loss falls
+        # as all norms grow, towards 0 (with cosines it would not move)
+        ray = [float(v) for v in got["ray"]]
+        assert ray[0] > ray[1] > ray[2] > 0
+        np.testing.assert_allclose(got["cosine 4u"], got["cosine u"], rtol=1e-12)
+        np.testing.assert_allclose(got["dot unit"], got["cosine"], rtol=1e-12)
     for impl in ("tiled", "dense_vjp"):
         with pytest.raises(ValueError, match="impl='autodiff' only"):
             nt_xent(z1, z2, 0.5, impl=impl, normalize=False)

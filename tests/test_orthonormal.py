@@ -61,8 +61,13 @@ def test_clip_loss(impl, direction):
 
 def _x64_grads(fn, *args):
     with jax.enable_x64(True):
-        return jax.value_and_grad(fn, argnums=(0, 1, 2))(
+        return jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(
             *(jnp.asarray(a, jnp.float64) for a in args))
+
+
+# jitted: eagerly, the tiled loops are an op-by-op walk
+_clip_grads = jax.jit(jax.value_and_grad(clip_loss, argnums=(0, 1, 2)), static_argnames="impl")
+_nt_xent_grads = jax.jit(jax.value_and_grad(nt_xent, argnums=(0, 1, 2)), static_argnames="impl")
 
 
 @pytest.mark.parametrize("impl", ["tiled", "dense_vjp"])
@@ -70,7 +75,7 @@ def test_clip_gradients(impl):
     b = fb.bounds_for("clip", ROWS, ROWS, LOG_SCALE)
     _, want = _x64_grads(lambda x, y, t: clip_loss(x, y, t, impl="autodiff"), ROWS, ROWS,
                          b.third)
-    _, got = jax.value_and_grad(clip_loss, argnums=(0, 1, 2))(ROWS, ROWS, LOG_SCALE, impl=impl)
+    _, got = _clip_grads(ROWS, ROWS, LOG_SCALE, impl=impl)
     fb.assert_rows_within(got[0], want[0], b.rows_x, "grad_x")
     fb.assert_rows_within(got[1], want[1], b.rows_y, "grad_y")
     fb.assert_within(got[2], want[2], b.third_grad, "grad_log_scale")
@@ -90,8 +95,7 @@ def test_nt_xent(impl):
 def test_nt_xent_gradients(impl):
     b = fb.bounds_for("nt_xent", ROWS, ROWS, np.float32(TAU))
     _, want = _x64_grads(lambda x, y, t: nt_xent(x, y, t, impl="autodiff"), ROWS, ROWS, b.third)
-    _, got = jax.value_and_grad(nt_xent, argnums=(0, 1, 2))(ROWS, ROWS, np.float32(TAU),
-                                                            impl=impl)
+    _, got = _nt_xent_grads(ROWS, ROWS, np.float32(TAU), impl=impl)
     fb.assert_rows_within(got[0], want[0], b.rows_x, "grad_z1")
     fb.assert_rows_within(got[1], want[1], b.rows_y, "grad_z2")
     fb.assert_within(got[2], want[2], b.third_grad, "grad_tau")
@@ -101,23 +105,26 @@ def test_nt_xent_gradients(impl):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sharded(strategy):
     mesh = make_mesh({"data": 8}, jax.devices()[:8])  # 2 and 4 devices: test_engine.py
+    clip = lambda x, y, t: sharded_clip_loss(x, y, t, mesh=mesh, strategy=strategy,  # noqa: E731
+                                             block_size=2)
+
+    @jax.jit
+    def every(x, y, log_scale, tau):  # both losses and the clip gradients: one program
+        return (clip(x, y, log_scale), sharded_nt_xent(x, y, tau, mesh=mesh, strategy=strategy,
+                                                       block_size=2),
+                jax.value_and_grad(clip, argnums=(0, 1, 2))(x, y, log_scale))
+
+    clip_value, nt_xent_value, (_, got_grads) = every(ROWS, ROWS, LOG_SCALE, np.float32(TAU))
     scale, roundings = fb.scale_of("clip", LOG_SCALE)
-    got = jax.jit(lambda x, y, t: sharded_clip_loss(x, y, t, mesh=mesh, strategy=strategy,
-                                                    block_size=2))(ROWS, ROWS, LOG_SCALE)
-    _check(got, N - 1, scale, roundings, f"sharded clip {strategy}")
+    _check(clip_value, N - 1, scale, roundings, f"sharded clip {strategy}")
     scale, roundings = fb.scale_of("nt_xent", TAU)
-    got = jax.jit(lambda x, y, t: sharded_nt_xent(x, y, t, mesh=mesh, strategy=strategy,
-                                                  block_size=2))(ROWS, ROWS, TAU)
-    _check(got, 2 * N - 2, scale, roundings, f"sharded nt_xent {strategy}")
+    _check(nt_xent_value, 2 * N - 2, scale, roundings, f"sharded nt_xent {strategy}")
     if strategy != "all_gather_no_grad":  # the exact gradients, on the mesh
         b = fb.bounds_for("clip", ROWS, ROWS, LOG_SCALE)
         _, want = _x64_grads(lambda x, y, t: clip_loss(x, y, t, impl="autodiff"), ROWS, ROWS,
                              b.third)
-        _, got = jax.jit(jax.value_and_grad(lambda x, y, t: sharded_clip_loss(
-            x, y, t, mesh=mesh, strategy=strategy, block_size=2), argnums=(0, 1, 2)))(
-            ROWS, ROWS, LOG_SCALE)
-        fb.assert_rows_within(got[0], want[0], b.rows_x, "grad_x")
-        fb.assert_within(got[2], want[2], b.third_grad, "grad_log_scale")
+        fb.assert_rows_within(got_grads[0], want[0], b.rows_x, "grad_x")
+        fb.assert_within(got_grads[2], want[2], b.third_grad, "grad_log_scale")
 
 
 def test_info_nce():

@@ -1,6 +1,8 @@
 """Sharded losses equal the single-device loss on the concatenated batch (docs/derivations.md
 §14)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +32,7 @@ def _mesh(devices):
     return make_mesh({"data": devices}, jax.devices()[:devices])
 
 
+@functools.cache
 def _batch(seed=0):
     """Inputs, views and an encoder of small dyadic numbers: ``inputs @ w`` is exact in float32,
     so the embeddings the losses see are the float64 ones and the float32 bounds apply."""
@@ -49,18 +52,41 @@ def _train_step_grads(loss_fn):
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2, 3)))
 
 
-def _assert_float32(kind, dense, got, third, batch, direction="both"):
-    """``got`` (a float32 train-step result) within the float32 bounds of ``dense`` (the
-    single-device loss ``(a, b, t) -> L``) evaluated in float64 on the same batch."""
+@functools.cache
+def _float64_reference(kind, seed, third, direction):
+    """The float64 train step (loss; encoder, scale, input gradients) of the single-device
+    ``kind`` loss on ``_batch(seed)`` at ``third`` (its float32 value, as in the bounds), and the
+    embedding gradients: one program."""
+    inputs, views, w = (np.asarray(v, np.float64) for v in _batch(seed))
+    x, y = inputs @ w, views @ w
+    dense = _dense(kind, direction)
+    with jax.enable_x64(True):
+        def both(w, t, a, b, x, y):
+            return (jax.value_and_grad(lambda w, t, a, b: dense(a @ w, b @ w, t),
+                                       argnums=(0, 1, 2, 3))(w, t, a, b),
+                    jax.grad(lambda a, c: dense(a, c, t), argnums=(0, 1))(x, y))
+        (want_loss, grads), (gx, gy) = jax.jit(both)(
+            jnp.asarray(w), jnp.float64(third), jnp.asarray(inputs), jnp.asarray(views),
+            jnp.asarray(x), jnp.asarray(y))
+        return want_loss, grads, gx, gy
+
+
+def _dense(kind, direction="both"):
+    if kind == "clip":
+        return lambda a, b, t: clip_loss(a, b, t, direction=direction, impl="autodiff")
+    return lambda a, b, t: nt_xent(a, b, t, impl="autodiff")
+
+
+def _assert_float32(kind, got, third, seed, direction="both"):
+    """``got`` (a float32 train-step result on ``_batch(seed)``) within the float32 bounds of
+    the single-device loss evaluated in float64 on the same batch."""
+    batch = _batch(seed)
     inputs, views, w = (np.asarray(v, np.float64) for v in batch)
     x, y = inputs @ w, views @ w
     assert np.array_equal(np.asarray(batch[0] @ batch[2], np.float64), x)  # exact in float32
     b = fb.bounds_for(kind, x, y, third, direction)
-    with jax.enable_x64(True):
-        want_loss, (gw, gt, ga, gb) = _train_step_grads(dense)(
-            jnp.asarray(w), jnp.float64(b.third), jnp.asarray(inputs), jnp.asarray(views))
-        gx, gy = jax.grad(lambda a, c: dense(a, c, jnp.float64(b.third)), argnums=(0, 1))(
-            jnp.asarray(x), jnp.asarray(y))
+    want_loss, (gw, gt, ga, gb), gx, gy = _float64_reference(kind, seed, float(b.third),
+                                                             direction)
     bw, ba, bb = fb.encoder_grad_bounds(inputs, views, w, gx, gy, b.rows_x, b.rows_y)
     loss, (w_grad, t_grad, a_grad, b_grad) = got
     fb.assert_within(loss, want_loss, b.loss, "loss")
@@ -73,6 +99,12 @@ def _assert_float32(kind, dense, got, third, batch, direction="both"):
         fb.assert_within(t_grad, gt, b.third_grad, "scale gradient")
 
 
+def _train_steps(losses, third, batch):
+    """The float32 train step (``_train_step_grads``) of every loss: one program."""
+    steps = [_train_step_grads(loss) for loss in losses]
+    return jax.jit(lambda w, t, a, b: [f(w, t, a, b) for f in steps])(batch[2], third, *batch[:2])
+
+
 def _assert_close(got, want, tol=1e-5):
     (lg, gg), (lw, gw) = got, want
     assert _rel(lg, lw) <= tol, (float(lg), float(lw))
@@ -81,44 +113,41 @@ def _assert_close(got, want, tol=1e-5):
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
-@pytest.mark.parametrize("strategy", EXACT)
-def test_clip_equals_single_device(devices, strategy):
+def test_clip_equals_single_device(devices):
+    # The dense loss and both exact strategies: one program.
     batch = _batch()
     mesh = _mesh(devices)
     third = jnp.float32(np.log(20.0))
-    dense = lambda a, b, t: clip_loss(a, b, t, impl="autodiff")  # noqa: E731
-    for loss in (dense, lambda a, b, t: sharded_clip_loss(a, b, t, mesh=mesh, strategy=strategy,
-                                                          block_size=4)):
-        _assert_float32("clip", dense, _train_step_grads(loss)(batch[2], third, *batch[:2]),
-                        third, batch)
+    losses = [_dense("clip")] + [
+        lambda a, b, t, s=strategy: sharded_clip_loss(a, b, t, mesh=mesh, strategy=s,
+                                                      block_size=4) for strategy in EXACT]
+    for got in _train_steps(losses, third, batch):
+        _assert_float32("clip", got, third, 0)
 
 
-@pytest.mark.parametrize("strategy", EXACT)
 @pytest.mark.parametrize("direction", ["x_to_y", "y_to_x"])
-def test_clip_one_direction_and_clip_active(strategy, direction):
+def test_clip_one_direction_and_clip_active(direction):
     batch = _batch(1)
     mesh = _mesh(4)
     third = jnp.float32(np.log(150.0))  # above log(100): the scale is clipped, its gradient 0
-    got = _train_step_grads(lambda a, b, t: sharded_clip_loss(
-        a, b, t, mesh=mesh, strategy=strategy, direction=direction, block_size=5))(
-        batch[2], third, *batch[:2])
-    _assert_float32("clip", lambda a, b, t: clip_loss(a, b, t, direction=direction,
-                                                      impl="autodiff"),
-                    got, third, batch, direction)
-    assert float(got[1][1]) == 0.0
+    losses = [lambda a, b, t, s=strategy: sharded_clip_loss(
+        a, b, t, mesh=mesh, strategy=s, direction=direction, block_size=5) for strategy in EXACT]
+    for got in _train_steps(losses, third, batch):  # both exact strategies: one program
+        _assert_float32("clip", got, third, 1, direction)
+        assert float(got[1][1]) == 0.0
 
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
-@pytest.mark.parametrize("strategy", EXACT)
-def test_nt_xent_equals_single_device(devices, strategy):
+def test_nt_xent_equals_single_device(devices):
+    # The dense loss and both exact strategies: one program.
     batch = _batch(2)
     mesh = _mesh(devices)
     third = jnp.float32(0.2)
-    dense = lambda a, b, t: nt_xent(a, b, t, impl="autodiff")  # noqa: E731
-    for loss in (dense, lambda a, b, t: sharded_nt_xent(a, b, t, mesh=mesh, strategy=strategy,
-                                                        block_size=4)):
-        _assert_float32("nt_xent", dense, _train_step_grads(loss)(batch[2], third, *batch[:2]),
-                        third, batch)
+    losses = [_dense("nt_xent")] + [
+        lambda a, b, t, s=strategy: sharded_nt_xent(a, b, t, mesh=mesh, strategy=s,
+                                                    block_size=4) for strategy in EXACT]
+    for got in _train_steps(losses, third, batch):
+        _assert_float32("nt_xent", got, third, 2)
 
 
 def _clip_terms(x, y, log_scale, rows):
@@ -141,18 +170,25 @@ def test_no_grad_drops_exactly_the_remote_anchor_terms():
         y = x + 0.5 * jax.random.normal(jax.random.key(4), (N, D), jnp.float64)
         third = jnp.asarray(np.log(10.0))
         mesh = _mesh(devices)
-        f = jax.jit(jax.value_and_grad(lambda a, b, t: sharded_clip_loss(
-            a, b, t, mesh=mesh, strategy="all_gather_no_grad", block_size=4), argnums=(0, 1, 2)))
-        loss, (gx, gy, gt) = f(x, y, third)
-        exact_loss, (ex, ey, et) = jax.value_and_grad(
-            lambda a, b, t: clip_loss(a, b, t, impl="autodiff"), argnums=(0, 1, 2))(x, y, third)
+
+        def every(x, y, third):  # the sharded, the exact and each device's terms: one program
+            no_grad = jax.value_and_grad(lambda a, b, t: sharded_clip_loss(
+                a, b, t, mesh=mesh, strategy="all_gather_no_grad", block_size=4),
+                argnums=(0, 1, 2))(x, y, third)
+            exact = jax.value_and_grad(lambda a, b, t: clip_loss(a, b, t, impl="autodiff"),
+                                       argnums=(0, 1, 2))(x, y, third)
+            terms = [jax.grad(_clip_terms, argnums=(0, 1))(x, y, third,
+                                                           np.arange(k * n, (k + 1) * n))
+                     for k in range(devices)]
+            return no_grad, exact, terms
+
+        (loss, (gx, gy, gt)), (exact_loss, (ex, ey, et)), terms = jax.jit(every)(x, y, third)
         assert abs(float(loss) - float(exact_loss)) < 1e-12  # the same objective value
         assert abs(float(gt) - float(et)) < 1e-12  # the scale is local to every term
         want_x, want_y = np.zeros((N, D)), np.zeros((N, D))
-        for k in range(devices):
+        for k, (dx, dy) in enumerate(terms):
             rows = np.arange(k * n, (k + 1) * n)
-            dx, dy = jax.grad(_clip_terms, argnums=(0, 1))(x, y, third, rows)
-            want_x[rows], want_y[rows] = dx[rows], dy[rows]
+            want_x[rows], want_y[rows] = np.asarray(dx)[rows], np.asarray(dy)[rows]
         np.testing.assert_allclose(gx, want_x, rtol=0, atol=1e-12)
         np.testing.assert_allclose(gy, want_y, rtol=0, atol=1e-12)
         # What it drops is not small: the remote anchors' share of each row's gradient.
@@ -168,11 +204,15 @@ def test_float64_sharded_equals_dense_to_round_off():
             (sharded_nt_xent, lambda a, b: nt_xent(a, b, 0.1, impl="autodiff"), 0.1),
             (sharded_clip_loss, lambda a, b: clip_loss(a, b, 3.0, impl="autodiff"), 3.0),
         ]
-        for sharded, dense, third in cases:
-            want = jax.value_and_grad(dense, argnums=(0, 1))(x, y)
-            for strategy in EXACT:
-                got = jax.jit(jax.value_and_grad(lambda a, b, f=sharded, s=strategy, t=third: f(
-                    a, b, t, mesh=mesh, strategy=s, block_size=2), argnums=(0, 1)))(x, y)
+
+        def every(x, y):  # each dense loss and both exact strategies of it: one program
+            return [(jax.value_and_grad(dense, argnums=(0, 1))(x, y),
+                     [jax.value_and_grad(lambda a, b, f=sharded, s=strategy, t=third: f(
+                         a, b, t, mesh=mesh, strategy=s, block_size=2), argnums=(0, 1))(x, y)
+                      for strategy in EXACT]) for sharded, dense, third in cases]
+
+        for want, got_by_strategy in jax.jit(every)(x, y):
+            for got in got_by_strategy:
                 _assert_close(got, want, tol=1e-12)
 
 
@@ -200,8 +240,10 @@ def test_bad_strategy_and_mesh():
     assert set(STRATEGIES) == {"all_gather", "all_gather_no_grad", "ring"}
 
 
-def _compiled(loss, strategy, devices, rows, d, block=64, direction="both"):
-    """The compiled train-step value and gradient (embeddings and scale) of a sharded loss."""
+@functools.cache
+def _compiled(loss, strategy, devices, rows, d, block, direction="both"):
+    """The compiled train-step value and gradient (embeddings and scale) of a sharded loss;
+    cached: the traffic and memory tests share the programs of the same settings."""
     mesh = _mesh(devices)
     spec = jax.ShapeDtypeStruct((rows, d), jnp.float32)
     scalar = jax.ShapeDtypeStruct((), jnp.float32)
@@ -224,9 +266,9 @@ def _compiled(loss, strategy, devices, rows, d, block=64, direction="both"):
                                              ("clip", "y_to_x"), ("nt_xent", "both"),
                                              ("siglip", "both")])
 def test_communication_formula_matches_the_compiled_collectives(loss, direction):
-    devices, rows, d = 4, 64, 16
+    devices, rows, d, block = 4, 2048, 64, 32  # the settings of the memory test below
     strategies = [s for s in STRATEGIES if not (loss == "siglip" and s == "all_gather_no_grad")]
-    texts = {s: _compiled(loss, s, devices, rows, d, direction=direction).as_text()
+    texts = {s: _compiled(loss, s, devices, rows, d, block, direction).as_text()
              for s in strategies}
     assert "all-gather" not in texts["ring"] and "reduce-scatter" not in texts["ring"]
     assert "collective-permute" in texts["ring"]
@@ -244,10 +286,10 @@ def test_ring_memory_is_per_device_share_not_global(loss):
     # whatever N; the gather's holds all N rows of every gathered input: O(N d).
     devices, d, block = 4, 64, 32
     for rows in (512, 2048):
-        ring = _compiled(loss, "ring", devices, rows, d, block).memory_analysis()
+        ring = _compiled(loss, "ring", devices, rows, d, block, "both").memory_analysis()
         bound = ring_memory_bound(loss, rows, devices, d, block)
         assert ring.temp_size_in_bytes <= bound
-    gather = _compiled(loss, "all_gather", devices, rows, d, block).memory_analysis()
+    gather = _compiled(loss, "all_gather", devices, rows, d, block, "both").memory_analysis()
     views = 2 if loss == "nt_xent" else 1
     assert gather.temp_size_in_bytes / 4 >= views * rows * d  # every gathered row
 

@@ -36,35 +36,53 @@ def _data(n, d, dtype, clustered=False, seed=0):
 
 
 @functools.cache
-def _jitted(loss, impl, kw_items):
-    """One jitted value-and-grad per (loss, impl, settings): a new scale or temperature of the
-    same shape and dtype reuses the compilation."""
+def _jitted(loss, block, kw_items):
+    """One jitted program per (loss, block, settings) returning the value and gradients of
+    impl="autodiff" (``"dense"``) and of impl="tiled" (``"tiled"``): a new scale or temperature
+    of the same shape and dtype reuses the compilation."""
     kw = dict(kw_items)
-    return jax.jit(jax.value_and_grad(lambda *a: loss(*a, impl=impl, **kw), argnums=(0, 1, 2)))
+
+    def value_and_grads(x, y, t, impl, **extra):
+        return jax.value_and_grad(lambda *a: loss(*a, impl=impl, **kw, **extra),
+                                  argnums=(0, 1, 2))(x, y, t)
+
+    return jax.jit(lambda x, y, t: {"dense": value_and_grads(x, y, t, "autodiff"),
+                                    "tiled": value_and_grads(x, y, t, "tiled",
+                                                             block_size=block)})
 
 
-def _value_and_grads(loss, impl, *args, **kw):
-    return _jitted(loss, impl, tuple(sorted(kw.items())))(*args)
+def _dense_and_tiled(loss, block, *args, **kw):
+    return _jitted(loss, block, tuple(sorted(kw.items())))(*args)
 
 
-def _assert_same(dense, tiled, tol):
-    (ld, gd), (lt, gt) = dense, tiled
+@functools.cache
+def _jitted_dense(loss, kw_items):
+    """The value and gradients of impl="autodiff" alone, jitted."""
+    kw = dict(kw_items)
+    return jax.jit(jax.value_and_grad(lambda *a: loss(*a, impl="autodiff", **kw),
+                                      argnums=(0, 1, 2)))
+
+
+def _assert_same(results, tol):
+    (ld, gd), (lt, gt) = results["dense"], results["tiled"]
     assert _rel(lt, ld) <= tol
     for a, b in zip(gd, gt, strict=True):
         assert _rel(b, a) <= tol, (_rel(b, a), tol)
 
 
-def _assert_float32(loss, x, y, third, results, direction="both", rounding=0.0):
-    """Each ``(value, grads)`` in ``results`` within the float32 bounds of the float64 loss.
+def _assert_float32(loss, x, y, third, results, block, direction="both", rounding=0.0):
+    """Each ``(value, grads)`` in ``results`` within the float32 bounds of the float64 loss:
+    the dense part of the float64 program of ``block`` (compiled by the float64 check of the
+    same shape), or with ``block=None`` the float64 dense loss alone.
 
     ``rounding``: the gradients were rounded to a narrower dtype with this unit roundoff.
     """
     b = fb.bounds_for("clip" if loss is clip_loss else "nt_xent", x, y, third, direction)
     kw = {"direction": direction} if loss is clip_loss else {}
     with jax.enable_x64(True):
-        want_loss, want = _value_and_grads(loss, "autodiff", jnp.asarray(x, jnp.float64),
-                                           jnp.asarray(y, jnp.float64), jnp.float64(b.third),
-                                           **kw)
+        args = jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64), jnp.float64(b.third)
+        want_loss, want = (_jitted_dense(loss, tuple(kw.items()))(*args) if block is None
+                           else _dense_and_tiled(loss, block, *args, **kw)["dense"])
     clipped = loss is clip_loss and b.scale == 100.0
     for name, (value, grads) in results.items():
         fb.assert_within(value, want_loss, b.loss, name)
@@ -88,20 +106,17 @@ def test_clip_tiled_equals_dense(n, block, direction):
         x, y = _data(n, 12, jnp.float64)
         for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):  # last two: clipped
             ls = jnp.asarray(log_scale, jnp.float64)
-            dense = _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction)
-            tiled = _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
-                                     block_size=block)
-            _assert_same(dense, tiled, 1e-12)
+            _assert_same(_dense_and_tiled(clip_loss, block, x, y, ls, direction=direction),
+                         1e-12)
     if n != 37:
         return
     # float32 on the uneven case: both within the derived bounds of the float64 loss
     x, y = _data(n, 12, jnp.float32)
     for log_scale in (np.log(14.3), np.log(100.0), np.log(300.0)):
         ls = jnp.float32(log_scale)
-        _assert_float32(clip_loss, x, y, ls, {
-            "dense": _value_and_grads(clip_loss, "autodiff", x, y, ls, direction=direction),
-            "tiled": _value_and_grads(clip_loss, "tiled", x, y, ls, direction=direction,
-                                      block_size=block)}, direction)
+        _assert_float32(clip_loss, x, y, ls,
+                        _dense_and_tiled(clip_loss, block, x, y, ls, direction=direction),
+                        block, direction)
 
 
 @pytest.mark.parametrize("n, block", CASES)
@@ -110,17 +125,13 @@ def test_nt_xent_tiled_equals_dense(n, block):
         z1, z2 = _data(n, 12, jnp.float64)
         for tau in (1.0, 0.1, 0.01):
             t = jnp.asarray(tau, jnp.float64)
-            dense = _value_and_grads(nt_xent, "autodiff", z1, z2, t)
-            tiled = _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)
-            _assert_same(dense, tiled, 1e-12)
+            _assert_same(_dense_and_tiled(nt_xent, block, z1, z2, t), 1e-12)
     if n != 37:
         return
     z1, z2 = _data(n, 12, jnp.float32)
     for tau in (1.0, 0.1, 0.01):
         t = jnp.float32(tau)
-        _assert_float32(nt_xent, z1, z2, t, {
-            "dense": _value_and_grads(nt_xent, "autodiff", z1, z2, t),
-            "tiled": _value_and_grads(nt_xent, "tiled", z1, z2, t, block_size=block)})
+        _assert_float32(nt_xent, z1, z2, t, _dense_and_tiled(nt_xent, block, z1, z2, t), block)
 
 
 def test_clustered_data_at_scale_100_stays_exact():
@@ -128,27 +139,22 @@ def test_clustered_data_at_scale_100_stays_exact():
     # underflow whole rows; the per-row and per-column statistics must not.
     x, y = _data(48, 16, jnp.float32, clustered=True)
     ls = jnp.float32(np.log(100.0))
-    _assert_float32(clip_loss, x, y, ls, {
-        "dense": _value_and_grads(clip_loss, "autodiff", x, y, ls),
-        "tiled": _value_and_grads(clip_loss, "tiled", x, y, ls, block_size=16)})
+    _assert_float32(clip_loss, x, y, ls, _dense_and_tiled(clip_loss, 16, x, y, ls), None)
     t = jnp.float32(0.01)
-    _assert_float32(nt_xent, x, y, t, {
-        "dense": _value_and_grads(nt_xent, "autodiff", x, y, t),
-        "tiled": _value_and_grads(nt_xent, "tiled", x, y, t, block_size=16)})
+    _assert_float32(nt_xent, x, y, t, _dense_and_tiled(nt_xent, 16, x, y, t), None)
 
 
 @pytest.mark.parametrize("loss", [clip_loss, nt_xent])
 def test_bfloat16_inputs(loss):
     x, y = (a.astype(jnp.bfloat16) for a in _data(40, 16, jnp.float32))
     third = jnp.float32(np.log(100.0) if loss is clip_loss else 0.05)
-    lt, gt = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, third, impl="tiled",
-                                                         block_size=16)
-    ld, gd = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, third, impl="autodiff")
+    results = _dense_and_tiled(loss, 16, x, y, third)
+    lt, gt = results["tiled"]
     assert lt.dtype == jnp.float32 and gt[0].dtype == jnp.bfloat16
     # The bfloat16 rows upcast exactly: the float32 bounds, plus the rounding of each gradient
     # entry to bfloat16 (unit roundoff 2^-8).
     _assert_float32(loss, np.asarray(x, np.float32), np.asarray(y, np.float32), third,
-                    {"tiled": (lt, gt), "dense": (ld, gd)}, rounding=2.0**-8)
+                    results, None, rounding=2.0**-8)
 
 
 def _largest_intermediate(jaxpr) -> int:
