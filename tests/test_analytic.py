@@ -103,6 +103,21 @@ def test_anchor_grad_scale_invariance(shape, seed, alpha):
         np.testing.assert_allclose(scaled_grad, rescaled, rtol=1e-10, atol=1e-300)
 
 
+_log_scale_grad = jax.jit(jax.grad(lambda c, t: info_nce((c * jnp.exp(t))[None], jnp.array([0])),
+                                   argnums=1))
+
+
+@given(sizes, seeds, st.floats(-3.0, 3.0))
+def test_log_scale_grad_is_negative_iff_positive_beats_weighted_average(shape, seed, t):
+    k, _ = shape
+    with jax.enable_x64(True):
+        c = np.random.default_rng(seed).uniform(-1.0, 1.0, size=k)
+        dl_dt = _log_scale_grad(c, t)
+        p = np.exp(c * np.exp(t) - np.logaddexp.reduce(c * np.exp(t)))
+        margin = float(c[0] - p @ c)
+        assert np.sign(float(dl_dt)) == -np.sign(margin)
+
+
 def test_dot_product_loss_decreases_along_the_ray_when_positive_leads():
     with jax.enable_x64(True):
         v = jax.random.normal(jax.random.key(0), (6, 5), jnp.float64)
