@@ -21,21 +21,6 @@ from contrastive_jax.training.models.dropout import fold_each
 from contrastive_jax.training.models.locked_towers import trains
 
 
-def _embed(model, batch, keys, ctx: MethodContext) -> dict:
-    """``{"x", "y"}``: the two towers' embeddings of the (augmented) samples and the captions,
-    as ``model(sample, tokens, train=True)``, except that a frozen tower (``ctx.frozen``) runs
-    in inference mode (:mod:`contrastive_jax.training.models.locked_towers`)."""
-    sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
-    aug_keys, dropout_keys = example_keys(keys)
-    if ctx.augment is not None:
-        sample = augment_each(sample, aug_keys, ctx.augment)
-    x = model.embed_samples(sample, train=trains("sample_encoder", ctx.frozen),
-                            dropout_keys=fold_each(dropout_keys, 0))
-    y = model.embed_texts(tokens, train=trains("text_encoder", ctx.frozen),
-                          dropout_keys=fold_each(dropout_keys, 1))
-    return {"x": x, "y": y}
-
-
 def _pair_metrics(x, y, log_scale, ids, ctx: MethodContext) -> dict:
     m = first_anchors(x.shape[0])
     by_id = {} if ids is None else {"anchor_ids": ids[:m], "candidate_ids": ids}
@@ -46,14 +31,30 @@ def _pair_metrics(x, y, log_scale, ids, ctx: MethodContext) -> dict:
     }
 
 
-class CLIP(Method):
+class _PairedTowers(Method):
+    """What CLIP and SigLIP share: the rows of a step are the two towers' embeddings."""
+
+    def embed(self, model, batch, keys, ctx: MethodContext) -> dict:
+        """``{"x", "y"}``: the two towers' embeddings of the (augmented) samples and the
+        captions, as ``model(sample, tokens, train=True)``, except that a frozen tower
+        (``ctx.frozen``) runs in inference mode
+        (:mod:`contrastive_jax.training.models.locked_towers`)."""
+        sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
+        aug_keys, dropout_keys = example_keys(keys)
+        if ctx.augment is not None:
+            sample = augment_each(sample, aug_keys, ctx.augment)
+        x = model.embed_samples(sample, train=trains("sample_encoder", ctx.frozen),
+                                dropout_keys=fold_each(dropout_keys, 0))
+        y = model.embed_texts(tokens, train=trains("text_encoder", ctx.frozen),
+                              dropout_keys=fold_each(dropout_keys, 1))
+        return {"x": x, "y": y}
+
+
+class CLIP(_PairedTowers):
     """Symmetric (or one-directional) InfoNCE between the towers; reports ``log N - L``."""
 
     name = "clip"
     losses = ("clip",)
-
-    def embed(self, model, batch, keys, ctx: MethodContext):
-        return _embed(model, batch, keys, ctx)
 
     def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
         x, y = rows["x"], rows["y"]
@@ -65,14 +66,11 @@ class CLIP(Method):
         return loss, metrics, {}
 
 
-class SigLIP(Method):
+class SigLIP(_PairedTowers):
     """The pairwise sigmoid loss; reports the learned bias (no InfoNCE bound applies)."""
 
     name = "siglip"
     losses = ("siglip",)
-
-    def embed(self, model, batch, keys, ctx: MethodContext):
-        return _embed(model, batch, keys, ctx)
 
     def objective(self, model, rows, targets, batch, extra, ctx: MethodContext):
         x, y = rows["x"], rows["y"]
