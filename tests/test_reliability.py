@@ -25,7 +25,7 @@ from contrastive_jax.training.step.train_state import all_finite, params_digest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import load_config  # noqa: E402
-from trained_workdirs import simclr_quick_workdir  # noqa: E402
+from trained_workdirs import simclr_quick_config, simclr_quick_workdir  # noqa: E402
 
 QUICK = ["--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
          "--config.log_every=1"]
@@ -101,8 +101,7 @@ def quick(**overrides):
     tests/conftest.py); the length of the schedule is part of the compiled program. The
     6-step run from scratch is not run again: tests/trained_workdirs.py trains it once per
     process, and each test copies its workdir."""
-    config = load_config("simclr_mnist1d.py:quick")
-    config.evaluation.enabled = False
+    config = simclr_quick_config()
     for key, value in overrides.items():
         config[key] = value
     return config
