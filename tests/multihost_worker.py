@@ -69,20 +69,21 @@ def main(process_id: int, port: str, mode: str = "compare") -> None:
     mine = slice(process_id * half, (process_id + 1) * half)
     mesh = make_mesh({"data": -1})
     gx, gy = global_batch((x[mine], y[mine]), mesh)
+    losses = {"clip": (sharded_clip_loss, jnp.log(10.0)),
+              "nt_xent": (sharded_nt_xent, jnp.float32(0.2))}
+
+    @jax.jit
+    def every_loss(gx, gy):  # one program for every (loss, strategy): one compile
+        return {f"{name}/{strategy}": jax.value_and_grad(
+                    lambda a, b, t, fn=fn, s=strategy: fn(a, b, t, mesh=mesh, strategy=s,
+                                                          block_size=3),
+                    argnums=(0, 1, 2))(gx, gy, third)
+                for name, (fn, third) in losses.items() for strategy in STRATEGIES}
+
     out = {}
-    for strategy in STRATEGIES:
-        losses = {
-            "clip": lambda a, b, t, s=strategy: sharded_clip_loss(
-                a, b, t, mesh=mesh, strategy=s, block_size=3),
-            "nt_xent": lambda a, b, t, s=strategy: sharded_nt_xent(
-                a, b, t, mesh=mesh, strategy=s, block_size=3),
-        }
-        for name, fn in losses.items():
-            third = jnp.log(10.0) if name == "clip" else jnp.float32(0.2)
-            loss, grads = jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2)))(gx, gy, third)
-            grads = multihost_utils.process_allgather(grads, tiled=True)
-            out[f"{name}/{strategy}"] = {"loss": float(loss),
-                                         "grads": [np.asarray(g).tolist() for g in grads]}
+    for key, (loss, grads) in every_loss(gx, gy).items():
+        grads = multihost_utils.process_allgather(grads, tiled=True)
+        out[key] = {"loss": float(loss), "grads": [np.asarray(g).tolist() for g in grads]}
     from contrastive_jax.training.data import default_config, train_iterator
 
     config = default_config()

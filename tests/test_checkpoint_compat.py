@@ -8,11 +8,12 @@ must end with the same parameters, bit for bit, as the uninterrupted run did the
 """
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
 import sys
+
+from child_environment import child_environment
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "workdir_v0_2_moco"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_a_workdir_from_the_previous_layout_resumes_bit_identical(tmp_path):
                "--config=configs/moco_mnist1d.py:quick", f"--workdir={workdir}",
                "--config.total_steps=4", "--config.checkpoint_every=2",
                "--config.evaluation.enabled=False"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as written
+    env = child_environment(xla_defaults=True)  # one device and default flags, as written
     out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

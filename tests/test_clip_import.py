@@ -201,7 +201,7 @@ def test_remat_gives_the_same_gradients_float64():
             np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-14,
                                        err_msg=jax.tree_util.keystr(path))
         # every parameter of the CLIP architecture gets a gradient
-        assert all(float(jnp.max(jnp.abs(a))) > 0 for _, a in leaves)
+        assert all(float(np.abs(a).max()) > 0 for _, a in leaves)
 
 
 def test_bfloat16_compute_stays_close_to_open_clip():

@@ -19,6 +19,7 @@ from contrastive_jax.training.train import train_and_evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+from child_environment import child_environment  # noqa: E402
 from test_reliability import quick  # noqa: E402
 
 
@@ -298,7 +299,7 @@ def test_corrupted_record_files_are_one_paragraph_naming_the_fix(tmp_path):
     damaged = bytearray(records.read_bytes())
     damaged[1000::997] = bytes(b ^ 0xFF for b in damaged[1000::997])
     records.write_bytes(bytes(damaged))
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     train = [sys.executable, "-m", "contrastive_jax.main", f"--workdir={tmp_path / 'w'}",
              "--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
              "--config.total_steps=2", f"--config.data.data_dir={data}"]

@@ -1,7 +1,6 @@
 """Launch settings, and 2 processes x 2 CPU devices on loopback agreeing with one process."""
 
 import json
-import os
 import pathlib
 import signal
 import socket
@@ -24,6 +23,7 @@ from contrastive_jax.training.run.distributed import Launch, initialize, launch_
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import multihost_worker  # noqa: E402
+from child_environment import child_environment  # noqa: E402
 
 
 def test_single_process_unless_asked():
@@ -72,7 +72,7 @@ def _free_port() -> int:
 
 def _run_two_processes(timeout: float = 240.0) -> list[dict]:
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     env["JAX_PLATFORMS"] = "cpu"
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -122,8 +122,9 @@ def test_two_processes_match_one_process():
         with jax.enable_x64(True):
             args = (jnp.asarray(x, jnp.float64), jnp.asarray(y, jnp.float64),
                     jnp.float64(b.third))
-            want = jax.value_and_grad(fn, argnums=(0, 1, 2))(*args)
-            nog = jax.value_and_grad(no_grad[name], argnums=(0, 1, 2))(*args)
+            want, nog = jax.jit(lambda *a, fn=fn, name=name: (  # one compile for both
+                jax.value_and_grad(fn, argnums=(0, 1, 2))(*a),
+                jax.value_and_grad(no_grad[name], argnums=(0, 1, 2))(*a)))(*args)
         for strategy in ("all_gather", "ring", "all_gather_no_grad"):
             loss, grads = nog if strategy == "all_gather_no_grad" else want
             for proc in results:  # both processes hold the same, single-process answer
@@ -140,7 +141,7 @@ def test_a_dead_process_stops_the_other_within_bounded_time():
     it, must exit non-zero with the coordination service's error within the heartbeat
     timeout (5 s here), not hang."""
     port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     env["JAX_PLATFORMS"] = "cpu"
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port, "die"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -197,7 +198,7 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
 
 def _cli_process(i: int, port: str, args: list[str]) -> subprocess.Popen:
     """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
                CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
     return subprocess.Popen([sys.executable, "-m", "contrastive_jax.main", *args], env=env,

@@ -172,8 +172,8 @@ def test_trained_tower_gradient_equals_the_unfrozen_gradient(k):
         loss, got = grads["sample_encoder"]
         want_loss, want = grads[""]
         frozen_part = got["sample_encoder"]
-        assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree.leaves(frozen_part))
-        assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(
+        assert all(float(np.abs(g).max()) == 0.0 for g in jax.tree.leaves(frozen_part))
+        assert max(float(np.abs(g).max()) for g in jax.tree.leaves(
             want["sample_encoder"])) > 1e-6
         trained = {key: got[key] for key in got if key != "sample_encoder"}
         reference = {key: want[key] for key in want if key != "sample_encoder"}

@@ -1,7 +1,6 @@
 """moco_infonce: queue negatives, no gradient into keys or queue, input errors."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -31,9 +30,9 @@ def test_matches_reference(tau):
 def test_gradient_flows_only_into_queries():
     q, k, queue = _batch(seed=1)
     gq, gk, gqueue = jax.grad(moco_infonce, argnums=(0, 1, 2))(q, k, queue, 0.1)
-    assert float(jnp.max(jnp.abs(gq))) > 0
-    assert float(jnp.max(jnp.abs(gk))) == 0.0
-    assert float(jnp.max(jnp.abs(gqueue))) == 0.0
+    assert float(np.abs(gq).max()) > 0
+    assert float(np.abs(gk).max()) == 0.0
+    assert float(np.abs(gqueue).max()) == 0.0
 
 
 def test_queue_of_copies_of_the_key_gives_log_k_plus_one():

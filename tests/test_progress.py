@@ -14,6 +14,7 @@ from contrastive_jax.training.run.compilation_cache import compilation_cache_dir
 from contrastive_jax.training.run.progress import MetricWindow
 
 sys.path.insert(0, str(Path(__file__).parent))
+from child_environment import child_environment
 from test_reliability import quick
 
 
@@ -68,9 +69,9 @@ def test_the_command_line_fills_its_compilation_cache(tmp_path):
     import os
     import subprocess
 
-    from test_reliability import REPO, command, environment
+    from test_reliability import REPO, command
 
-    env = {**environment(), "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
+    env = {**child_environment(), "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
     run = subprocess.run(command(tmp_path / "w", "--config.total_steps=2"), cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

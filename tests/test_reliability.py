@@ -1,7 +1,6 @@
 """Runs survive preemption and damage, stop on persistent NaNs, and explain bad input."""
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -24,6 +23,7 @@ from contrastive_jax.training.step.train_state import all_finite, params_digest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+from child_environment import child_environment  # noqa: E402
 from test_train import load_config  # noqa: E402
 from trained_workdirs import simclr_quick_config, simclr_quick_workdir  # noqa: E402
 
@@ -34,10 +34,6 @@ QUICK = ["--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enable
 def command(workdir, *extra):
     return [sys.executable, "-m", "contrastive_jax.main", f"--workdir={workdir}", *QUICK,
             *extra]
-
-
-def environment():
-    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
 
 def digest(workdir) -> str:
@@ -58,15 +54,15 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     a random step (experiments/chaos.py) and restarted again: both end with the same
     parameter hash (parameters and BatchNorm statistics bit-identical)."""
     chaos = load_chaos()
-    steps, every = 60, 4
+    steps, every = 30, 4
     config = "configs/simclr_mnist1d.py:quick"
     whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
-                           env=environment(), cwd=REPO, capture_output=True, text=True,
+                           env=child_environment(), cwd=REPO, capture_output=True, text=True,
                            timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
 
     cut = tmp_path / "cut"
-    run = subprocess.Popen(chaos.command(config, cut, steps, every), env=environment(),
+    run = subprocess.Popen(chaos.command(config, cut, steps, every), env=child_environment(),
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
@@ -88,9 +84,11 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     assert saved[-1] == stopped  # saved at the step boundary it stopped at
     # restart it; kill that run with SIGKILL at a random later step; restart again
     stats = chaos.run_with_kills(chaos.command(config, cut, steps, every), cut, steps, 1,
-                                 random.Random(0), environment())
+                                 random.Random(0), child_environment())
     assert stats["kills"] == 1 and stats["runs"] == 2 and stats["resumes"] == 2, stats
-    assert 0 <= stats["lost"][0] <= every + 2, stats
+    # saves are asynchronous and each waits for the one before: a kill during a save loses
+    # that checkpoint too, so at most the steps since the save before it
+    assert 0 <= stats["lost"][0] <= 2 * every - 1, stats
     assert digest(cut) == digest(tmp_path / "whole")
 
 
@@ -249,7 +247,7 @@ def run_command_lines(commands: list[list[str]], env: dict | None = None) -> lis
     ``stdout`` and ``stderr``."""
     request = json.dumps([{"args": args, "env": env or {}} for args in commands])
     run = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "forked_command_lines.py"))], input=request, env=environment(), cwd=REPO,
+        "forked_command_lines.py"))], input=request, env=child_environment(), cwd=REPO,
         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return [SimpleNamespace(**r) for r in json.loads(run.stdout.splitlines()[-1])]
@@ -288,12 +286,12 @@ def test_anything_else_raises_with_its_traceback(tmp_path):
             "train.train_and_evaluate = boom\n"
             f"sys.argv = {command(tmp_path / 'w')[2:]!r}\n"
             "main.run()")
-    run = subprocess.run([sys.executable, "-c", code], env=environment(), cwd=REPO,
+    run = subprocess.run([sys.executable, "-c", code], env=child_environment(), cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "Traceback" in run.stderr
     assert "RuntimeError: a bug" in run.stderr and "error: a bug" not in run.stderr
     shown = subprocess.run(command(tmp_path / "w", "--config.loss.temperature=0"),
-                           env={**environment(), "CONTRASTIVE_JAX_TRACEBACK": "1"}, cwd=REPO,
+                           env={**child_environment(), "CONTRASTIVE_JAX_TRACEBACK": "1"}, cwd=REPO,
                            capture_output=True, text=True, timeout=300)
     assert shown.returncode == 1 and "Traceback" in shown.stderr
     assert "ConfigError: loss.temperature must be > 0" in shown.stderr
@@ -313,7 +311,7 @@ def _batch(size):
 def test_unwritable_workdir_is_a_short_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    run = subprocess.run(command(blocker / "run"), env=environment(), cwd=REPO,
+    run = subprocess.run(command(blocker / "run"), env=child_environment(), cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "is not writable" in run.stderr
     assert "Traceback" not in run.stderr

@@ -24,6 +24,7 @@ from contrastive_jax.training.run import preemption
 from contrastive_jax.training.run.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from child_environment import child_environment
 from test_train import load_config
 
 BUCKET = "contrastive-jax-test"
@@ -122,8 +123,8 @@ def test_a_run_on_gs_writes_only_to_the_bucket_and_resumes_from_it(gcs, tmp_path
     monkeypatch.undo()
     cli_cwd = tmp_path / "cli_cwd"
     cli_cwd.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}  # as this process
+    env = {**child_environment(devices=8),  # as this process
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     resumed = subprocess.run(
         [sys.executable, "-m", "contrastive_jax.main", f"--workdir={workdir}",
          "--config=" + str(Path(__file__).resolve().parents[1] / "configs" /
@@ -179,7 +180,7 @@ def test_workdir_paths_and_what_is_refused(tmp_path, monkeypatch):
 
 def test_the_command_line_refuses_an_unreachable_bucket_before_any_work(gcs, tmp_path):
     """A bucket that does not exist: exit 2, one paragraph, no traceback, nothing local."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     result = subprocess.run(
         [sys.executable, "-m", "contrastive_jax.main", "--workdir=gs://no-such-bucket/run",

@@ -16,7 +16,8 @@ from contrastive_jax.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_reliability import command, environment, quick  # noqa: E402
+from child_environment import child_environment  # noqa: E402
+from test_reliability import command, quick  # noqa: E402
 from trained_workdirs import simclr_quick_workdir  # noqa: E402
 
 
@@ -53,7 +54,7 @@ def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(
 
     open_split("mnist1d", "train")  # prepared (in the session's data dir) before the limit
     args = command(tmp_path, "--config.total_steps=6", "--config.checkpoint_every=3")
-    limited = subprocess.run(_with_file_size_limit(args), cwd=REPO, env=environment(),
+    limited = subprocess.run(_with_file_size_limit(args), cwd=REPO, env=child_environment(),
                              capture_output=True, text=True, timeout=300)
     assert limited.returncode == 2, limited.stderr[-3000:]
     errors = [line for line in limited.stderr.splitlines() if line.strip()
@@ -98,7 +99,7 @@ def test_a_read_only_checkpoint_folder_is_refused_at_start(tmp_path):
         # it used to wait 300 s for orbax's directory creation and then print a TimeoutError
         run = subprocess.run(command(tmp_path, "--config.total_steps=9",
                                      "--config.checkpoint_every=3"), cwd=REPO,
-                             env=environment(), capture_output=True, text=True, timeout=120)
+                             env=child_environment(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
     assert "error: the checkpoint folder" in run.stderr and "is not writable" in run.stderr

@@ -3,7 +3,6 @@
 import copy
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from child_environment import child_environment
 
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
@@ -163,7 +163,7 @@ def test_command_line_runs_reports_and_resumes(tmp_path):
     """A run of ``python -m contrastive_jax.main`` on one device reports, logs and checkpoints;
     the same workdir resumes on 8 devices. (A misspelt flag's exit status and message:
     tests/test_reliability.py, test_user_errors_exit_2_with_one_paragraph.)"""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = child_environment()
     run = subprocess.run(
         [sys.executable, "-m", "contrastive_jax.main",
          "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path}",

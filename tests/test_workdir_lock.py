@@ -16,7 +16,8 @@ from contrastive_jax.training.run.workdir_lock import LOCK_FILE, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from test_reliability import command, environment, quick  # noqa: E402
+from child_environment import child_environment  # noqa: E402
+from test_reliability import command, quick  # noqa: E402
 
 HOLDER = ("import sys; from contrastive_jax.training.run.workdir_lock import workdir_lock\n"
           "with workdir_lock(sys.argv[1]):\n"
@@ -27,7 +28,8 @@ HOLDER = ("import sys; from contrastive_jax.training.run.workdir_lock import wor
 def _hold(workdir: Path) -> subprocess.Popen:
     """A real process holding ``workdir``'s lock (it prints 'locked' once it does)."""
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir)], cwd=REPO,
-                              env=environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=child_environment(), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE,
                               text=True)
     assert holder.stdout.readline().strip() == "locked"
     return holder
@@ -44,7 +46,7 @@ def test_a_second_trainer_stops_naming_the_first_and_a_killed_one_leaves_no_lock
         assert not (tmp_path / "checkpoints").exists()  # stopped before touching anything
         # the command line: exit 2, one paragraph
         cli = subprocess.run(command(tmp_path, "--config.total_steps=2"), cwd=REPO,
-                             env=environment(), capture_output=True, text=True, timeout=300)
+                             env=child_environment(), capture_output=True, text=True, timeout=300)
         assert cli.returncode == 2, cli.stderr[-2000:]
         assert cli.stderr.startswith("error: workdir") and "Traceback" not in cli.stderr
     finally:
