@@ -5,24 +5,20 @@ import pathlib
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# XLA:CPU's LLVM backend at -O0: the suite is compile-bound (two thirds of its time was XLA:CPU
-# compiling), and -O0 cuts that by a third. Only the LLVM code generation of each fused kernel
-# changes; XLA's own passes (fusion, SPMD partitioning, collectives, buffer assignment, remat)
-# are the default ones, so every number asserted here (float64 equalities, bit-identical
-# resumes, compiled collectives and temporaries) is checked on the same program. Subprocesses
-# inherit it. An XLA_FLAGS that already sets the level wins (run the suite at -O2 with
-# XLA_FLAGS=--xla_backend_optimization_level=2).
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_backend_optimization_level=0").strip()
+# The suite's XLA:CPU code-generation flags (why, and what they do not change:
+# tests/xla_environment.py), before JAX initialises its backend; children inherit them.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from xla_environment import add_suite_xla_flags
+
+add_suite_xla_flags()
 # The experiment scripts import their helpers as ``common`` (experiments/common/).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 # The benchmarks' measurement tools (benchmarks/traffic.py) are imported by their module name.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import jax
-import pytest
-from hypothesis import settings
+import jax  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 

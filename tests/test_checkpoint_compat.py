@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-from child_environment import child_environment
+from xla_environment import child_environment
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "workdir_v0_2_moco"
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -19,8 +19,8 @@ from contrastive_jax.training.train import train_and_evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment  # noqa: E402
 from test_reliability import quick  # noqa: E402
+from xla_environment import child_environment  # noqa: E402
 
 
 def read_all(source):

@@ -23,7 +23,7 @@ from contrastive_jax.training.run.distributed import Launch, initialize, launch_
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import multihost_worker  # noqa: E402
-from child_environment import child_environment  # noqa: E402
+from xla_environment import child_environment  # noqa: E402
 
 
 def test_single_process_unless_asked():

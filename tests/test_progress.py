@@ -14,8 +14,8 @@ from contrastive_jax.training.run.compilation_cache import compilation_cache_dir
 from contrastive_jax.training.run.progress import MetricWindow
 
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment
 from test_reliability import quick
+from xla_environment import child_environment
 
 
 def test_metric_window_means_and_last_values():
@@ -71,7 +71,10 @@ def test_the_command_line_fills_its_compilation_cache(tmp_path):
 
     from test_reliability import REPO, command
 
-    env = {**child_environment(), "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
+    # compiled as a user's run is (the suite's XLA flags bring the step under the cache's
+    # one-second threshold: tests/xla_environment.py)
+    env = {**child_environment(xla_defaults=True),
+           "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
     run = subprocess.run(command(tmp_path / "w", "--config.total_steps=2"), cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

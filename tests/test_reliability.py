@@ -23,9 +23,9 @@ from contrastive_jax.training.step.train_state import all_finite, params_digest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment  # noqa: E402
 from test_train import load_config  # noqa: E402
 from trained_workdirs import simclr_quick_config, simclr_quick_workdir  # noqa: E402
+from xla_environment import child_environment  # noqa: E402
 
 QUICK = ["--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
          "--config.log_every=1"]

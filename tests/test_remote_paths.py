@@ -24,8 +24,8 @@ from contrastive_jax.training.run import preemption
 from contrastive_jax.training.run.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment
 from test_train import load_config
+from xla_environment import child_environment
 
 BUCKET = "contrastive-jax-test"
 

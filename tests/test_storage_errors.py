@@ -16,9 +16,9 @@ from contrastive_jax.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment  # noqa: E402
 from test_reliability import command, quick  # noqa: E402
 from trained_workdirs import simclr_quick_workdir  # noqa: E402
+from xla_environment import child_environment  # noqa: E402
 
 
 def test_storage_cause_walks_the_exception_chain():

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from child_environment import child_environment
+from xla_environment import child_environment
 
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh

@@ -16,8 +16,8 @@ from contrastive_jax.training.run.workdir_lock import LOCK_FILE, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
-from child_environment import child_environment  # noqa: E402
 from test_reliability import command, quick  # noqa: E402
+from xla_environment import child_environment  # noqa: E402
 
 HOLDER = ("import sys; from contrastive_jax.training.run.workdir_lock import workdir_lock\n"
           "with workdir_lock(sys.argv[1]):\n"
