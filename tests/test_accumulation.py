@@ -244,6 +244,24 @@ def test_bad_accumulation_settings_fail_before_compiling():
     assert check_accumulation(32, 4, 8) == 4
 
 
+@pytest.mark.parametrize("k", [True, 1.0])
+def test_the_library_step_refuses_a_k_that_is_not_an_int(k):
+    """``train_step`` and ``step_gradients`` check K as the trainer does (True == 1 and 1.0 == 1
+    in Python, so a late check would run them silently as K = 1)."""
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(mesh=make_mesh({"data": 1}, jax.devices()[:1]), frozen=())
+    match = f"accumulation_steps must be an integer >= 1; got {k!r}"
+    with pytest.raises(ConfigError, match=match):
+        step_gradients(None, None, None, np.zeros(8), None, graphdef=None, method=None,
+                       ctx=ctx, accumulation_steps=k)
+    state = SimpleNamespace(rng=jax.random.key_data(jax.random.key(0)), step=np.int32(0),
+                            params=None, rest=None, extra=None)
+    with pytest.raises(ConfigError, match=match):
+        train_step.train_step(state, {"x": np.zeros((8, 2))}, graphdef=None, tx=None,
+                              method=None, ctx=ctx, accumulation_steps=k)
+
+
 def test_a_run_with_accumulation_trains_the_same_model(tmp_path):
     """train_and_evaluate end to end on 8 devices (mi_gaussian's MLP critic: no BatchNorm):
     with accumulation_steps = 4 the run reports the same training loss and MI estimate as with

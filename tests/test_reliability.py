@@ -214,13 +214,23 @@ def test_checkpoints_of_another_state_layout_are_a_clear_error(tmp_path):
         train.train_and_evaluate(config, str(tmp_path / "w"))
 
 
-def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path):
+def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path, capsys):
     config = load_config("mi_gaussian.py:quick")
     config.total_steps = 12
     config.max_skipped_in_a_row = 3
     config.optimizer.learning_rate = 1e30  # the first update sends the weights to infinity
     with pytest.raises(train.NonFiniteError, match=r"step 3: .* 3 steps in a row"):
-        train.train_and_evaluate(config, str(tmp_path))  # every update refused: steps 1-3
+        train.train_and_evaluate(config, str(tmp_path / "guard"))  # refused: steps 1-3
+    # a run too short for that guard (all 12 updates skipped, fewer than 20 in a row) ends
+    # in the same error, without results, its progress lines counting the skips
+    config.max_skipped_in_a_row = 20
+    capsys.readouterr()
+    with pytest.raises(train.NonFiniteError, match=r"step 12: the run ended with its last 12 "
+                                                   r"update\(s\) skipped .* starts from scratch"):
+        train.train_and_evaluate(config, str(tmp_path / "short"))
+    out = capsys.readouterr().out
+    assert "step     12/12 | " in out and "| skipped 12 |" in out, out
+    assert not (tmp_path / "short" / "results.json").exists()
 
 
 USER_ERRORS = [

@@ -75,7 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
         # contrastive_jax.training.step.accumulation); the micro-batch B/K must divide over the
         # data devices
         "accumulation_steps": 1,
-        "max_skipped_in_a_row": 10,  # non-finite steps in a row before the run stops (0: never)
+        # non-finite steps in a row before the run stops, and a run whose last update was
+        # skipped stops too (0: neither)
+        "max_skipped_in_a_row": 10,
         "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
                        "classification": True,  # linear probe + kNN (needs labels)

@@ -100,6 +100,19 @@ def _check_finite(step: int, in_a_row, limit: int) -> None:
             step=step, in_a_row=in_a_row)
 
 
+def _check_last_update(step: int, in_a_row, limit: int) -> None:
+    """At the end of a run: a :class:`NonFiniteError` if its last update was skipped (the last
+    ``in_a_row`` of them; ``limit`` 0: never), since no later finite step shows the model
+    recovered; a short run whose every update was skipped would otherwise end as trained."""
+    in_a_row = int(in_a_row)
+    if limit and in_a_row:
+        raise NonFiniteError(
+            f"step {step}: the run ended with its last {in_a_row} update(s) skipped (the loss, "
+            f"gradient or updated parameters were non-finite), so its final model is not a "
+            f"trained one; stopping without results. Lower the learning rate or check the "
+            f"data.", step=step, in_a_row=in_a_row)
+
+
 @dataclasses.dataclass
 class Run:
     """The fixed parts of one training run, built once by :func:`prepare_run`."""
@@ -317,6 +330,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
                 evaluations.append(_evaluate_at(run, state, step, progress, clock))
         if pending is not None:
             _check_finite(*pending, limit)
+            _check_last_update(*pending, limit)
     return _LoopEnd(state, metrics, clock, evaluations)
 
 

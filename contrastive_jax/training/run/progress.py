@@ -4,6 +4,9 @@ Only process 0 writes. A console line looks like::
 
     step   200/1560 | loss 5.012 | top1 0.613 | mi 1.91 | temp 0.200 | 6,820 ex/s | ETA 0:00:41
 
+with ``| skipped N`` before the rate once the run has skipped N updates as non-finite
+(:func:`contrastive_jax.training.step.train_step.train_step`).
+
 The metrics of a line (and of its TensorBoard scalars and JSON record) are means over the steps
 since the previous line (:class:`MetricWindow`), not one noisy step; the step counters
 (``skipped``, ``skipped_in_a_row``) and ``learning_rate`` are the last step's. ``examples/s``
@@ -178,6 +181,8 @@ class Progress:
         parts = [f"step {step:>6}/{self.total}"]
         parts += [f"{label} {fmt.format(values[key])}" for key, label, fmt in CONSOLE_KEYS
                   if key in values]
+        if values.get("skipped", 0) > 0:  # updates skipped as non-finite so far (the guard)
+            parts.append(f"skipped {values['skipped']:.0f}")
         parts.append(f"{rate:,.0f} ex/s")
         parts.append("ETA " + (str(datetime.timedelta(seconds=round(eta)))
                                if np.isfinite(eta) else "?"))

@@ -113,6 +113,9 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
       ``metrics`` and ``outputs`` of :meth:`Method.objective` on the global batch; the model's
       new non-parameter state and the method's state after :meth:`Method.targets`.
     """
+    d = ctx.mesh.shape[DATA_AXIS]  # checked first: True or 1.0 is an error, not K = 1
+    k = check_accumulation(keys.shape[0], accumulation_steps, d)
+
     def rows_of(p, r, part, part_keys):
         model = nnx.merge(graphdef, p, r, copy=True)
         return method.embed(model, part, part_keys, ctx), nnx.state(model, nnx.Not(nnx.Param))
@@ -128,7 +131,7 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
     def whole(t):
         return merge_frozen(t, fixed)
 
-    if accumulation_steps == 1:
+    if k == 1:
         targets, extra = method.targets(batch, keys, extra, ctx)
 
         def loss_fn(t):
@@ -140,8 +143,6 @@ def step_gradients(params, rest, batch: Mapping[str, jax.Array], keys: jax.Array
             trainable)
         return loss, with_zero_gradients(grads, fixed), metrics, outputs, rest, extra
 
-    k, d = accumulation_steps, ctx.mesh.shape[DATA_AXIS]
-    check_accumulation(keys.shape[0], k, d)
     spread = NamedSharding(ctx.mesh, P(None, DATA_AXIS))
     parts = jax.lax.with_sharding_constraint(to_micro_batches((batch, keys), k, d), spread)
 
