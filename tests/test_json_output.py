@@ -48,3 +48,16 @@ def test_metrics_lines_are_strict_json(tmp_path):
     (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
     record = _strict_loads(line)
     assert record["loss"] is None and record["top1"] == 0.5 and record["step"] == 1
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_follow_the_umask(tmp_path, umask):
+    """results.json and config.json are created as open() creates files (0666 less the umask),
+    so a workdir shared by a group stays readable; a temporary file's 0600 would not be."""
+    old = os.umask(umask)
+    try:
+        json_output.write_atomic(tmp_path / "results.json", {"step": 1})
+        json_output.write_atomic(tmp_path / "results.json", {"step": 2})  # replaced: same mode
+    finally:
+        os.umask(old)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask

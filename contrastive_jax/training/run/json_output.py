@@ -14,7 +14,7 @@ import json
 import math
 import os
 import pathlib
-import tempfile
+import uuid
 from typing import Any
 
 from etils import epath
@@ -47,7 +47,10 @@ def write_atomic(path: str | os.PathLike, value: Any) -> None:
         epath.Path(path).write_text(dumps(value, indent=2) + "\n")
         return
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # created with mode 0666 less the umask, as open() creates files (mkstemp's 0600 would
+    # make a shared workdir's results unreadable to the others)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(dumps(value, indent=2) + "\n")
