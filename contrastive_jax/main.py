@@ -21,8 +21,10 @@ Exit status (docs/reliability.md):
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
+import traceback
 import uuid
 
 from absl import app, flags, logging
@@ -86,10 +88,42 @@ def parse_flags(argv: list[str]) -> list[str]:
         cause = err.__context__
         if isinstance(cause, ContrastiveJaxError):  # raised by the config file's get_config
             raise ConfigError(_last_line(cause)) from None
-        raise ConfigError(_last_line(err)) from None
+        raise _config_file_error(err, argv) or ConfigError(_last_line(err)) from None
     except AttributeError as err:  # ml_collections: an override naming no field
-        message = str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
-        raise ConfigError(f"unknown config key {message}") from None
+        raise _config_file_error(err, argv) or ConfigError(
+            "unknown config key " + str(err).strip().strip("'\"").replace("\\n", "\n")
+            .replace("\\'", "'")) from None
+    except Exception as err:  # the config file's own code raised: its line, not importlib's
+        config_error = _config_file_error(err, argv)
+        if config_error is None:
+            raise
+        raise config_error from err  # its traceback with CONTRASTIVE_JAX_TRACEBACK=1
+
+
+def _config_file_error(err: BaseException, argv: list[str]) -> ConfigError | None:
+    """A :class:`ConfigError` naming the ``--config`` file's line and the error when ``err`` (or
+    what it wraps) was raised by that file's code, at import or in ``get_config``; ``None``
+    when no line of the file is in its traceback (the error is not the config file's)."""
+    values = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    values += [b for a, b in itertools.pairwise(argv) if a == "--config"]
+    if not values:
+        return None
+    path = os.path.realpath(values[-1].partition(":")[0])
+    chain, error = [], err
+    while error is not None and len(chain) < 8:  # the loaders wrap it in their own errors
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for error in reversed(chain):  # the innermost first: the config file's own exception
+        if isinstance(error, SyntaxError) and error.filename and \
+                os.path.realpath(error.filename) == path:
+            return ConfigError(f"--config file {error.filename}, line {error.lineno}: "
+                               f"SyntaxError: {error.msg}; fix the config file")
+        lines = [frame for frame in traceback.extract_tb(error.__traceback__)
+                 if os.path.realpath(frame.filename) == path]
+        if lines:
+            return ConfigError(f"--config file {lines[-1].filename}, line {lines[-1].lineno}: "
+                               f"{type(error).__name__}: {error}; fix the config file")
+    return None
 
 
 def _last_line(err: BaseException) -> str:

@@ -247,6 +247,14 @@ USER_ERRORS = [
     (["--workdir="], "--workdir is empty"),
     (["--config.optimizer.learning_rate=nan"], "learning_rate must be a finite .* got nan"),
     (["--config.optimizer.learning_rate=inf"], "learning_rate must be a finite .* got inf"),
+    # the config file's own code fails: its line, not the loaders' traceback
+    (["--config=tests/fixtures/configs/raises_on_import.py"],
+     r"--config file \S*/raises_on_import.py, line 8: ValueError: no data folder "
+     r"/nonexistent-contrastive-jax-data; fix the config file"),
+    (["--config=tests/fixtures/configs/raises_in_get_config.py"],
+     r"--config file \S*/raises_in_get_config.py, line 7: KeyError: 'hidden_size'"),
+    (["--config=tests/fixtures/configs/syntax_error.py"],
+     r"--config file \S*/syntax_error.py, line 2: SyntaxError: expected ':'"),
 ]
 
 
