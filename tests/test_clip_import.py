@@ -304,6 +304,31 @@ def test_torch_files_need_torch(tmp_path, monkeypatch):
         clip_import.load_state_dict(tmp_path / "missing.safetensors")
 
 
+def test_a_torchscript_archive_is_refused_unless_allowed(tmp_path, monkeypatch, capsys):
+    """A zip holding constants.pkl (what is_torchscript looks for, whatever the file is named)
+    would go to torch.jit.load, which runs code stored in the file: refused, from Python and
+    from the command line (exit 2), before PyTorch is even imported; allowed, it reaches the
+    torch path (here without torch: the needs-PyTorch error)."""
+    import zipfile
+
+    path = tmp_path / "weights.pt"  # the name says nothing: the contents pick the path
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model/constants.pkl", b"\x80\x04N.")
+        archive.writestr("model/data.pkl", b"\x80\x04N.")
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails
+    with pytest.raises(ConfigError, match=r"TorchScript archive: loading it \(torch.jit.load\) "
+                                          r"runs code .* pass --allow_torchscript"):
+        clip_import.load_state_dict(path)
+    with pytest.raises(ConfigError, match="TorchScript archive"):
+        clip_import.convert(path, quick_gelu=True)
+    with pytest.raises(SystemExit) as exit_info:
+        clip_import.main([f"--checkpoint={path}", f"--output={tmp_path / 'out'}"])
+    assert exit_info.value.code == 2 and "--allow_torchscript" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="needs PyTorch"):  # allowed: on to torch
+        clip_import.load_state_dict(path, allow_torchscript=True)
+
+
 def test_bfloat16_safetensors_read_as_float32(tmp_path):
     from safetensors.flax import save_file
 

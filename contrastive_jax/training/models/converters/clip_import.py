@@ -2,6 +2,7 @@
 
     python -m contrastive_jax.training.models.converters.clip_import \\
         --checkpoint=FILE --output=DIR [--quick_gelu=true|false] [--vision_heads=N] [--text_heads=N]
+        [--allow_torchscript]
 
 reads a CLIP state dict the user already has (nothing is downloaded): a ``.safetensors`` file
 (read with safetensors' NumPy API, no PyTorch) or a PyTorch ``.pt`` / ``.pth`` / ``.bin`` file
@@ -296,10 +297,11 @@ def _quick_gelu_from_name(path: str) -> bool | None:
 
 
 def convert(path: str | os.PathLike, *, quick_gelu: bool | None = None,
-            vision_heads: int | None = None, text_heads: int | None = None
-            ) -> tuple[dict[str, Any], dict]:
+            vision_heads: int | None = None, text_heads: int | None = None,
+            allow_torchscript: bool = False) -> tuple[dict[str, Any], dict]:
     """``(model config, params)`` of the CLIP checkpoint file at ``path``
-    (:func:`load_state_dict`, :func:`convert_state_dict`).
+    (:func:`load_state_dict`, :func:`convert_state_dict`; a TorchScript archive only with
+    ``allow_torchscript=True``: loading one runs code stored in it).
 
     ``quick_gelu=None``: True for an OpenAI TorchScript archive or a file name containing
     ``quickgelu`` or ``openai``; otherwise a :class:`ConfigError` asking for it (shapes do not
@@ -314,7 +316,8 @@ def convert(path: str | os.PathLike, *, quick_gelu: bool | None = None,
             "pass quick_gelu=True (--quick_gelu=true) for OpenAI's weights and open_clip's "
             "*-quickgelu models, quick_gelu=False for models trained with exact GELU (e.g. "
             "open_clip's ViT-B-32 on LAION-2B)")
-    return convert_state_dict(load_state_dict(path), quick_gelu=quick_gelu,
+    return convert_state_dict(load_state_dict(path, allow_torchscript=allow_torchscript),
+                              quick_gelu=quick_gelu,
                               vision_heads=vision_heads, text_heads=text_heads)
 
 
@@ -343,10 +346,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="image tower heads (default width // 64)")
     parser.add_argument("--text_heads", type=int, default=None,
                         help="text tower heads (default width // 64)")
+    parser.add_argument("--allow_torchscript", action="store_true",
+                        help="read a TorchScript archive (OpenAI's release files) with "
+                             "torch.jit.load, which runs code stored in the file: only for a "
+                             "file you trust (refused without this flag)")
     args = parser.parse_args(argv)
     try:
         config, params = convert(args.checkpoint, quick_gelu=args.quick_gelu,
-                                 vision_heads=args.vision_heads, text_heads=args.text_heads)
+                                 vision_heads=args.vision_heads, text_heads=args.text_heads,
+                                 allow_torchscript=args.allow_torchscript)
         save_converted(args.output, config, params)
     except ContrastiveJaxError as err:
         print(f"error: {err}", file=sys.stderr)

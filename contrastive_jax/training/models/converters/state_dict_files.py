@@ -18,15 +18,19 @@ from contrastive_jax.errors import ConfigError
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def load_state_dict(path: str | os.PathLike, *, allow_torchscript: bool = False
+                    ) -> dict[str, np.ndarray]:
     """``{name: float32 array}`` of a CLIP checkpoint file, with wrapper prefixes (``module.``,
     ``_orig_mod.``) and open_clip's ``text.`` prefix (CustomTextCLIP) removed.
 
     ``.safetensors``: safetensors' NumPy reader (bfloat16 tensors through its Flax reader).
     Anything else is read with PyTorch (an import error is a :class:`ConfigError` saying to
-    install torch or convert the file to safetensors): a TorchScript archive (OpenAI's release
-    files) by ``torch.jit.load``, else ``torch.load(weights_only=True)``, taking
-    ``["state_dict"]`` of a training checkpoint.
+    install torch or convert the file to safetensors): ``torch.load(weights_only=True)``, taking
+    ``["state_dict"]`` of a training checkpoint. A TorchScript archive (a zip holding
+    ``constants.pkl``: OpenAI's release files) is read by ``torch.jit.load``, which runs code
+    stored in the file, so only with ``allow_torchscript=True`` (a file you trust); without it
+    a :class:`ConfigError` says so. A file's contents pick the path, so a crafted ``.pt`` cannot
+    reach ``torch.jit.load`` unless the caller allowed it.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -34,7 +38,15 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if path.endswith(".safetensors"):
         tensors = _load_safetensors(path)
     else:
-        tensors = _load_torch(path)
+        torchscript = is_torchscript(path)
+        if torchscript and not allow_torchscript:
+            raise ConfigError(
+                f"{path!r} is a TorchScript archive: loading it (torch.jit.load) runs code "
+                "stored in the file, so it is refused by default. If you trust the file (e.g. "
+                "OpenAI's release from its official URL), pass --allow_torchscript "
+                "(allow_torchscript=True in Python); or convert it to .safetensors where you "
+                "trust it")
+        tensors = _load_torch(path, torchscript)
     return _normalise_names(tensors)
 
 
@@ -61,7 +73,7 @@ def is_torchscript(path: str) -> bool:
                    for n in archive.namelist())
 
 
-def _load_torch(path: str) -> dict[str, np.ndarray]:
+def _load_torch(path: str, torchscript: bool) -> dict[str, np.ndarray]:
     try:
         import torch
     except ImportError as err:
@@ -69,7 +81,7 @@ def _load_torch(path: str) -> dict[str, np.ndarray]:
             f"reading {path!r} needs PyTorch (pip install torch); or convert it to a "
             ".safetensors file where PyTorch is installed (safetensors.torch.save_file of its "
             "state dict), which this importer reads without PyTorch") from err
-    if is_torchscript(path):
+    if torchscript:
         state = torch.jit.load(path, map_location="cpu").state_dict()
     else:
         state = torch.load(path, map_location="cpu", weights_only=True)
