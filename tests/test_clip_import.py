@@ -329,6 +329,53 @@ def test_a_torchscript_archive_is_refused_unless_allowed(tmp_path, monkeypatch, 
         clip_import.load_state_dict(path, allow_torchscript=True)
 
 
+def test_unreadable_files_are_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """A truncated .safetensors, one cut inside its header, random bytes: a ConfigError from
+    Python and exit 2 with one line from the command line, naming the file. PyTorch files:
+    torch.load's errors for a truncated file and for a pickled model (weights_only refuses
+    it) become the same kind of message (checked with a stand-in for torch, which the test
+    environment does not install; the messages are torch's)."""
+    import pickle
+    import struct
+    from types import SimpleNamespace
+
+    data = EXACT.read_bytes()
+    header = struct.unpack("<Q", data[:8])[0]
+    files = {"truncated": data[:len(data) // 2], "cut_header": data[:8 + header // 2],
+             "random": np.random.default_rng(0).bytes(4000)}
+    for name, content in files.items():
+        path = tmp_path / f"{name}.safetensors"
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=f"'{path}' is not a readable .safetensors file "
+                                              r"\(Error while deserializing header"):
+            clip_import.load_state_dict(path)
+        with pytest.raises(SystemExit) as exit_info:
+            clip_import.main([f"--checkpoint={path}", f"--output={tmp_path / 'out'}",
+                              "--quick_gelu=false"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and str(path) in err, err
+
+    def load(error):
+        def raise_it(*args, **kwargs):
+            raise error
+        return SimpleNamespace(load=raise_it, Tensor=object)
+
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"not a zip")
+    monkeypatch.setitem(sys.modules, "torch", load(RuntimeError(
+        "PytorchStreamReader failed reading zip archive: failed finding central directory")))
+    with pytest.raises(ConfigError, match=r"is not a readable PyTorch checkpoint "
+                                          r"\(PytorchStreamReader failed reading zip archive"):
+        clip_import.load_state_dict(path)
+    monkeypatch.setitem(sys.modules, "torch", load(pickle.UnpicklingError(
+        "Weights only load failed. This file can still be loaded, to do so you have two "
+        "options.\n(1) ...\nWeightsUnpickler error: Unsupported global: GLOBAL __main__.Net "
+        "was not an allowed global by default.")))
+    with pytest.raises(ConfigError, match=r"pickled Python objects.*torch.save\(model\).*"
+                                          r"\(Unsupported global: GLOBAL __main__.Net"):
+        clip_import.load_state_dict(path)
+
+
 def test_bfloat16_safetensors_read_as_float32(tmp_path):
     from safetensors.flax import save_file
 

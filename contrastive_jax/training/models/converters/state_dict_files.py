@@ -7,6 +7,7 @@ array}``, the input of :mod:`~contrastive_jax.training.models.converters.clip_im
 from __future__ import annotations
 
 import os
+import pickle
 import zipfile
 from collections.abc import Mapping
 
@@ -51,6 +52,16 @@ def load_state_dict(path: str | os.PathLike, *, allow_torchscript: bool = False
 
 
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+
+    try:
+        return _read_safetensors(path)
+    except SafetensorError as err:  # truncated, cut inside the header, not safetensors at all
+        raise ConfigError(f"{path!r} is not a readable .safetensors file ({err}); it may be "
+                          "truncated (copy or download it again) or another format") from None
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
     from safetensors import safe_open
 
     out = {}
@@ -81,16 +92,37 @@ def _load_torch(path: str, torchscript: bool) -> dict[str, np.ndarray]:
             f"reading {path!r} needs PyTorch (pip install torch); or convert it to a "
             ".safetensors file where PyTorch is installed (safetensors.torch.save_file of its "
             "state dict), which this importer reads without PyTorch") from err
-    if torchscript:
-        state = torch.jit.load(path, map_location="cpu").state_dict()
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, Mapping) and isinstance(state.get("state_dict"), Mapping):
-            state = state["state_dict"]
+    try:
+        if torchscript:
+            state = torch.jit.load(path, map_location="cpu").state_dict()
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = _torch_reason(err)
+        if "Unsupported global" in reason:  # weights_only refuses pickled classes
+            raise ConfigError(
+                f"{path!r} holds pickled Python objects, not only tensors (e.g. a whole model "
+                f"saved with torch.save(model)), which weights_only loading refuses ({reason}); "
+                "save its state_dict() and convert that") from None
+        raise ConfigError(f"{path!r} is not a readable PyTorch checkpoint ({reason}); it may "
+                          "be truncated (copy or download it again) or another format") from None
+    if not torchscript and isinstance(state, Mapping) and \
+            isinstance(state.get("state_dict"), Mapping):
+        state = state["state_dict"]
     if not isinstance(state, Mapping):
         raise ConfigError(f"{path!r} holds a {type(state).__name__}, not a state dict")
     return {k: v.detach().float().numpy() for k, v in state.items()
             if isinstance(v, torch.Tensor)}
+
+
+def _torch_reason(err: BaseException) -> str:
+    """The informative line of a ``torch.load`` error (its weights-only unpickler's own
+    reason when there is one, not the advice paragraph before it)."""
+    text = str(err).strip()
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    lines = text.splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
