@@ -27,6 +27,7 @@ import uuid
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -52,7 +53,8 @@ def manager(workdir: str | os.PathLike, *, every: int, keep: int) -> ocp.Checkpo
     _quiet_orbax_storage_errors()
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
                                            enable_async_checkpointing=True, create=True)
-    return ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
+    return ocp.CheckpointManager(directory, options=options,
+                                 item_names=("state", "data", "checksums"))
 
 
 def _check_writable(directory: epath.Path) -> None:
@@ -91,12 +93,36 @@ def _quiet_orbax_storage_errors() -> None:
         logger.addFilter(_StorageErrorFilter())
 
 
+@jax.jit
+def state_checksums(state) -> jax.Array:
+    """``(leaves, 2)`` uint32: per leaf of ``state``, the sum of its bits read as unsigned words
+    and their position-weighted sum ``sum (2 i + 1) w_i``, both mod 2^32. Integer sums are exact
+    in any order, so the numbers do not depend on how the leaf is sharded or on the mesh it is
+    restored onto; a flipped byte changes them. Saved with each checkpoint, checked at
+    restore: orbax itself reads damaged array bytes without complaint."""
+    def words(leaf):
+        x = jnp.ravel(leaf)
+        if x.dtype == jnp.bool_:
+            x = x.astype(jnp.uint8)
+        unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+        x = jnp.ravel(jax.lax.bitcast_convert_type(x, unsigned)).astype(jnp.uint32)
+        weights = 2 * jnp.arange(x.shape[0], dtype=jnp.uint32) + 1
+        return jnp.stack([jnp.sum(x, dtype=jnp.uint32), jnp.sum(x * weights, dtype=jnp.uint32)])
+
+    return jnp.stack([words(leaf) for leaf in jax.tree.leaves(state)])
+
+
 def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
          force: bool = False) -> bool:
-    """Save ``state`` and the iterator at ``step`` if due (or ``force``); whether it saved."""
+    """Save ``state``, the iterator and the state's :func:`state_checksums` at ``step`` if due
+    (or ``force``); whether it saved."""
+    if not (force or mgr.should_save(step)):
+        return False
+    checksums = jax.device_get(state_checksums(state)).tolist()
     return mgr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(data_iterator)), force=force)
+        data=grain.checkpoint.CheckpointSave(data_iterator),
+        checksums=ocp.args.JsonSave({"state": checksums})), force=force)
 
 
 SET_ASIDE = "checkpoints_set_aside"
@@ -181,6 +207,11 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                  "trying the previous one")
             damaged.append((step, "damaged"))
             continue
+        if not _checksums_match(mgr, step, restored["state"]):
+            warn(f"warning: checkpoint {step} in {mgr.directory} does not match the checksums "
+                 "recorded when it was saved (damaged files); trying the previous one")
+            damaged.append((step, "damaged"))
+            continue
         if not bool(all_finite(restored["state"])):
             warn(f"warning: checkpoint {step} in {mgr.directory} holds non-finite numbers; "
                  "trying the previous one")
@@ -194,6 +225,19 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
             f"every checkpoint in {mgr.directory} (steps {steps}) holds non-finite numbers (a "
             "diverged run). Move them away or use a new --workdir to start over.")
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
+
+
+def _checksums_match(mgr: ocp.CheckpointManager, step: int, state) -> bool:
+    """Whether the restored ``state`` has the :func:`state_checksums` saved with it (True for a
+    checkpoint saved without them, by a version before they were recorded)."""
+    if not (epath.Path(mgr.directory) / str(step) / "checksums").exists():
+        return True
+    try:
+        saved = mgr.restore(step, args=ocp.args.Composite(
+            checksums=ocp.args.JsonRestore()))["checksums"]["state"]
+    except Exception:  # the record itself is damaged
+        return False
+    return saved == jax.device_get(state_checksums(state)).tolist()
 
 
 def _paths(tree) -> set[str]:
