@@ -173,6 +173,32 @@ def test_a_trainer_workdir_loads_its_encoder_and_batch_norm_statistics(tmp_path)
         load_config("lit_mnist1d.py:quick")
 
 
+def test_a_workdir_with_a_damaged_newest_checkpoint_gives_the_previous_one(tmp_path):
+    """init_from falls back as a resume does, without touching the other run's files: step 6
+    unreadable, step 3 is loaded with a warning; none readable is a ConfigError naming each."""
+    simclr_quick_workdir(tmp_path / "simclr")  # checkpoints 1, 3 and 6
+    def damage(step):
+        for path in (tmp_path / "simclr" / "checkpoints" / str(step) / "state").rglob("*"):
+            if path.is_file() and path.stat().st_size > 0:
+                path.write_bytes(b"\0" * 7)
+
+    lit = load_config(f"lit_mnist1d.py:pretrained={tmp_path / 'simclr'},quick")
+    _, state, _ = fresh(lit)
+    damage(6)
+    _, _, messages = load_into(state.params, state.rest, lit.model, lit.model.init_from)
+    assert messages[0].startswith(f"warning: model.init_from {tmp_path / 'simclr'}: step 6 "
+                                  "cannot be read ("), messages
+    assert messages[1].endswith(f"the workdir checkpoint {tmp_path / 'simclr'} (step 3), "
+                                "'encoder'"), messages
+    assert (tmp_path / "simclr" / "checkpoints" / "6").exists()  # left where it was
+    damage(3)
+    damage(1)
+    with pytest.raises(ConfigError, match=r"none of its checkpoints \(steps \[1, 3, 6\]\) can "
+                                          r"be used: step 6 cannot be read .*; step 3 cannot be "
+                                          r"read .*; step 1 cannot be read"):
+        load_into(state.params, state.rest, lit.model, lit.model.init_from)
+
+
 def test_a_run_from_a_converted_directory_resumes_without_reading_it_again(tmp_path,
                                                                            capsys):
     """A run whose (locked) text tower is initialised from a converted directory, 6 steps

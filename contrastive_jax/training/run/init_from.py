@@ -16,7 +16,9 @@ The two kinds of ``path``:
   ``nnx.to_pure_dict`` of the model's ``nnx.Param`` state);
 - a **trainer workdir** (``path/checkpoints/<step>/state``): the latest checkpoint's
   ``state.params`` and, for the same subtree, ``state.rest`` (BatchNorm running statistics);
-  its ``path/config.json`` records the model.
+  its ``path/config.json`` records the model. A newer checkpoint that cannot be read or holds
+  non-finite numbers is skipped with a warning, as a resume falls back (the other run's files
+  are left as they are); none usable is a :class:`ConfigError` naming each.
 
 The source subtree must hold exactly the target's leaves: the same relative paths and shapes;
 values are cast to the parameter's dtype only where that is exact (``np.can_cast(..., "safe")``:
@@ -109,6 +111,7 @@ class Pretrained:
     model: dict[str, Any]
     params: dict[str, np.ndarray]
     rest: dict[str, np.ndarray]
+    skipped: tuple[str, ...] = ()  # a workdir's newer checkpoints that could not be used, why
 
 
 def read(path: str | os.PathLike) -> Pretrained:
@@ -127,13 +130,28 @@ def read(path: str | os.PathLike) -> Pretrained:
             f"model.init_from path {root} is neither a converted checkpoint (model.json and "
             "params/) nor a trainer workdir with checkpoints (checkpoints/<step>/); run the "
             "pretraining first or fix the path")
-    step = steps[-1]
-    tree = _restore(checkpoints / str(step) / "state", keys=("params", "rest"))
     config = root / "config.json"
     model = upgrade(_json(config)).get("model", {}) if config.exists() else {}
-    return Pretrained("workdir", f"{root} (step {step})", model,
-                      _flat(tree["params"], drop_value=True),
-                      _flat(tree.get("rest", {}), drop_value=True))
+    skipped = []
+    for step in reversed(steps):  # the newest usable one, as a resume falls back (the other
+        # run's files are only read: a damaged checkpoint stays where it is)
+        try:
+            tree = _restore(checkpoints / str(step) / "state", keys=("params", "rest"))
+        except Exception as err:
+            skipped.append(f"step {step} cannot be read ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0][:200] if str(err) else ''})")
+            continue
+        params = _flat(tree["params"], drop_value=True)
+        rest = _flat(tree.get("rest", {}), drop_value=True)
+        if not all(np.isfinite(v).all() for v in (*params.values(), *rest.values())
+                   if np.issubdtype(v.dtype, np.inexact)):
+            skipped.append(f"step {step} holds non-finite numbers")
+            continue
+        return Pretrained("workdir", f"{root} (step {step})", model, params, rest,
+                          tuple(skipped))
+    raise ConfigError(f"model.init_from path {root}: none of its checkpoints (steps {steps}) "
+                      f"can be used: {'; '.join(skipped)}. Point init_from at another run or "
+                      "rerun the pretraining")
 
 
 def _json(path: epath.Path) -> dict:
@@ -287,6 +305,8 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
         if stored.kind == "workdir" or _under(rest_by_path, spec.target):
             loaded_rest.update(_mapped(spec, stored.rest, rest_by_path,
                                        "non-parameter state (BatchNorm statistics)", origin))
+        messages += [f"warning: model.init_from {spec.path}: {why}; using an earlier one"
+                     for why in stored.skipped]
         messages.append(f"initialised {spec.target or 'the model'} from {origin}"
                         f"{', ' + repr(spec.source) if spec.source else ''}")
     return _replace(params, loaded), _replace(rest, loaded_rest), messages
