@@ -200,6 +200,39 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
         assert differs.any(axis=1).sum() == 1, name  # that leaf's row, no other
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evaluates(
+        tmp_path, capsys, monkeypatch, signum):
+    """SIGTERM (the default would kill the process: exit 143, no message) and SIGINT during
+    the final evaluation both stop the run at once with a message and no results.json; the
+    training is saved, so the same command then only evaluates and writes the results."""
+    import os
+
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied: steps 1-6
+    config = quick(total_steps=9, checkpoint_every=3)
+    config.evaluation.enabled = True
+    real_evaluate = train.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signum)  # the handler raises before the next line
+        raise AssertionError("the signal did not stop the evaluation")
+
+    monkeypatch.setattr(train, "evaluate", signalled)
+    before = signal.getsignal(signum)
+    capsys.readouterr()
+    stopped = train.train_and_evaluate(config, str(tmp_path))
+    out = capsys.readouterr().out
+    assert stopped == {"steps": 9, "stopped_at": 9, "resumed_from": 6}
+    assert (f"stopped by {signal.Signals(signum).name} during the final evaluation: the "
+            "training is finished and saved (checkpoint 9") in out, out
+    assert not json.loads((tmp_path / "results.json").read_text()).get("steps") == 9
+    assert signal.getsignal(signum) is before  # the handler restored
+    monkeypatch.setattr(train, "evaluate", real_evaluate)
+    results = train.train_and_evaluate(config, str(tmp_path))
+    assert results["steps"] == 9 and results["resumed_from"] == 9
+    assert 0 <= results["linear_probe"] <= 1 and results["evaluations"][-1]["step"] == 9
+
+
 def test_non_finite_newest_checkpoint_is_moved_aside(tmp_path, capsys):
     import jax
     import orbax.checkpoint as ocp

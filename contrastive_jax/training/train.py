@@ -55,7 +55,7 @@ from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import Method, method_for
 from contrastive_jax.training.run import checkpoints, init_from, json_output
 from contrastive_jax.training.run.config_record import check_config, write_config
-from contrastive_jax.training.run.preemption import StopSignal
+from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import (
     MetricWindow,
     Progress,
@@ -379,7 +379,18 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
     train_time = end.clock.train_s(time.perf_counter())
     if config.evaluation.enabled:
         progress.message(f"final evaluation: {evaluation_names(config)}...")
-    final = evaluate(run.graphdef, state, config, run.mesh) if config.evaluation.enabled else {}
+    try:
+        with interrupt_on_signal():  # SIGTERM as SIGINT: stop now, the training is saved
+            final = evaluate(run.graphdef, state, config, run.mesh) \
+                if config.evaluation.enabled else {}
+    except Interrupted as stop:
+        ckpt.close()
+        progress.message(f"stopped by {stop} during the final evaluation: the training is "
+                         f"finished and saved (checkpoint {run.steps} in "
+                         f"{run.workdir / 'checkpoints'}); run the same command to evaluate it "
+                         "and write results.json")
+        progress.close()
+        return {"steps": run.steps, "stopped_at": run.steps, "resumed_from": resumed}
     history.append({"step": run.steps, "wall_s": round(time.perf_counter() - run.start, 2),
                     "train_s": round(train_time, 2), **final})
     progress.scalars("eval", run.steps, {k: v for k, v in history[-1].items() if k != "step"})

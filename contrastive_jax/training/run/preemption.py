@@ -20,11 +20,17 @@ How the processes agree depends on the platform (:func:`uses_preemption_sync_poi
   integer (a logical OR).
 
 A second signal while the first is being handled interrupts at once (``KeyboardInterrupt``).
+
+After the last step, during the final evaluation (the training is finished and its last
+checkpoint saved: nothing is left to save), :func:`interrupt_on_signal` makes SIGTERM stop the
+run as SIGINT does, at once and cleanly, instead of the default SIGTERM kill.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -84,3 +90,29 @@ class StopSignal:
         if jax.process_count() == 1:
             return bool(mine)
         return bool(np.max(multihost_utils.process_allgather(mine)))
+
+
+class Interrupted(Exception):
+    """Raised by :func:`interrupt_on_signal`'s handler; ``signum`` is the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interrupt_on_signal() -> Iterator[None]:
+    """While active, SIGTERM and SIGINT raise :class:`Interrupted` at the next Python step (a
+    running XLA computation ends first), for work that can be dropped and redone, such as the
+    final evaluation. With JAX's preemption sync point SIGTERM stays with JAX's handler (module
+    docstring) and only SIGINT is caught."""
+    def handle(signum, frame):
+        raise Interrupted(signum)
+
+    signals = (signal.SIGINT,) if uses_preemption_sync_point() else SIGNALS
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
