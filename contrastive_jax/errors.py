@@ -12,6 +12,8 @@ it the same way.
 from __future__ import annotations
 
 import errno
+import os
+import re
 from collections.abc import Iterator
 
 
@@ -77,12 +79,29 @@ def exception_chain(err: BaseException | None) -> Iterator[BaseException]:
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
 
 
+# TensorStore (orbax's array writer) reports an OS error inside its message, e.g.
+# 'OUT_OF_RANGE: ... Failed writing: "PATH": ... File too large [os_error_code=\'27\']'
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='?(\d+)'?\]")
+_FAILED_PATH = re.compile(r'Failed (?:writing|to write|opening)[^"]*"([^"]+)"')
+
+
 def storage_cause(err: BaseException | None) -> OSError | None:
     """The first ``OSError`` in ``err``'s chain (``__cause__``, ``__context__``, exception
     groups) whose errno is one of :data:`STORAGE_ERRNOS` (disk full, file-size limit, read-only
-    or forbidden files), or None: a failed write the user must fix, not a bug."""
-    return next((e for e in exception_chain(err)
-                 if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
+    or forbidden files), or None: a failed write the user must fix, not a bug. An error of
+    TensorStore (orbax's array writer, raised from its writer threads) that names such an OS
+    error code counts too, as an ``OSError`` with that errno and the file it names."""
+    for e in exception_chain(err):
+        if isinstance(e, OSError):
+            if e.errno in STORAGE_ERRNOS:
+                return e
+            continue
+        code = _OS_ERROR_CODE.search(str(e))
+        if code and int(code.group(1)) in STORAGE_ERRNOS:
+            path = _FAILED_PATH.search(str(e))
+            number = int(code.group(1))
+            return OSError(number, os.strerror(number), path.group(1) if path else None)
+    return None
 
 
 def storage_message(cause: OSError, workdir: str | None = None) -> str:

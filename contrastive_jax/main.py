@@ -163,9 +163,20 @@ def main(argv: list[str]) -> None:
     train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value)
 
 
+def _drop_closed_loop_callbacks(unraisable) -> None:
+    """``sys.unraisablehook`` without TensorStore's late callbacks into orbax's event loop after
+    a failed save closed it ("Event loop is closed", one traceback per pending write: noise
+    around the one-paragraph storage error); everything else goes to the default hook."""
+    if isinstance(unraisable.exc_value, RuntimeError) and \
+            str(unraisable.exc_value) == "Event loop is closed":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def run() -> None:
     """``app.run(main)``; the project's own errors as one paragraph and exit status 2."""
     flags.mark_flags_as_required(["config", "workdir"])
+    sys.unraisablehook = _drop_closed_loop_callbacks
     try:
         app.run(main, flags_parser=parse_flags)
     except ContrastiveJaxError as err:

@@ -83,14 +83,19 @@ class _StorageErrorFilter(logging.Filter):
         err = record.exc_info[1] if record.exc_info else None
         if storage_cause(err) is not None:
             return False
-        return not any(f"[Errno {n}]" in record.getMessage() for n in STORAGE_ERRNOS)
+        message = record.getMessage()
+        return not any(f"[Errno {n}]" in message or f"os_error_code='{n}'" in message
+                       for n in STORAGE_ERRNOS)
 
 
 def _quiet_orbax_storage_errors() -> None:
-    """Install :class:`_StorageErrorFilter` on absl's logger (orbax logs through it), once."""
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _StorageErrorFilter) for f in logger.filters):
-        logger.addFilter(_StorageErrorFilter())
+    """Install :class:`_StorageErrorFilter`, once, on absl's logger (orbax logs through it) and
+    on asyncio's (orbax's writer tasks whose failure nobody awaited: "Task exception was never
+    retrieved")."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _StorageErrorFilter) for f in logger.filters):
+            logger.addFilter(_StorageErrorFilter())
 
 
 @jax.jit
