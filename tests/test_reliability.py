@@ -325,8 +325,9 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path, cap
     # in the same error, without results, its progress lines counting the skips
     config.max_skipped_in_a_row = 20
     capsys.readouterr()
-    with pytest.raises(train.NonFiniteError, match=r"step 12: the run ended with its last 12 "
-                                                   r"update\(s\) skipped .* starts from scratch"):
+    with pytest.raises(train.NonFiniteError, match=r"step 12: .* non-finite for the run's last "
+                                                   r"12 update\(s\), each skipped.* starts from "
+                                                   r"scratch"):
         train.train_and_evaluate(config, str(tmp_path / "short"))
     out = capsys.readouterr().out
     assert "step     12/12 | " in out and "| skipped 12 |" in out, out

@@ -62,6 +62,7 @@ from contrastive_jax.training.run.progress import (
     evaluation_names,
     scale_settings,
 )
+from contrastive_jax.training.run.skipped_updates import check_skipped_updates
 from contrastive_jax.training.run.workdir_lock import workdir_lock
 from contrastive_jax.training.run.workdir_path import workdir_path
 from contrastive_jax.training.step.accumulation import accumulation_steps
@@ -86,31 +87,6 @@ def _previous_results(workdir: epath.Path) -> dict[str, Any]:
         return json.loads((workdir / "results.json").read_text())
     except (OSError, ValueError):
         return {}
-
-
-def _check_finite(step: int, in_a_row, limit: int) -> None:
-    """A :class:`NonFiniteError` once ``in_a_row`` steps in a row skipped their update
-    (``limit`` of them; 0: never)."""
-    in_a_row = int(in_a_row)
-    if limit and in_a_row >= limit:
-        raise NonFiniteError(
-            f"step {step}: the loss, gradient or updated parameters were non-finite for "
-            f"{in_a_row} steps in a row (each update skipped); stopping. Lower the learning "
-            f"rate, check the data, or raise max_skipped_in_a_row (now {limit}).",
-            step=step, in_a_row=in_a_row)
-
-
-def _check_last_update(step: int, in_a_row, limit: int) -> None:
-    """At the end of a run: a :class:`NonFiniteError` if its last update was skipped (the last
-    ``in_a_row`` of them; ``limit`` 0: never), since no later finite step shows the model
-    recovered; a short run whose every update was skipped would otherwise end as trained."""
-    in_a_row = int(in_a_row)
-    if limit and in_a_row:
-        raise NonFiniteError(
-            f"step {step}: the run ended with its last {in_a_row} update(s) skipped (the loss, "
-            f"gradient or updated parameters were non-finite), so its final model is not a "
-            f"trained one; stopping without results. Lower the learning rate or check the "
-            f"data.", step=step, in_a_row=in_a_row)
 
 
 @dataclasses.dataclass
@@ -311,7 +287,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
             state, metrics = step_fn(state, batch)
             window.add(metrics)
             if pending is not None:  # the previous step's guard, read while this one runs
-                _check_finite(*pending, limit)
+                check_skipped_updates(*pending, limit)
             pending = (step, metrics["skipped_in_a_row"])
             if step == first + 1:  # compiled: time the rest
                 jax.block_until_ready(metrics)
@@ -322,15 +298,14 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
             if progress.due(step):
                 progress.log_train(step, window.mean())
             if stop.should_stop(step):
-                _check_finite(*pending, limit)
+                check_skipped_updates(*pending, limit)
                 checkpoints.save(ckpt, step, state, stream, force=True)
                 return _LoopEnd(state, metrics, clock, evaluations, step, _stop_cause(stop))
             checkpoints.save(ckpt, step, state, stream, force=step == run.steps)
             if every and step % every == 0 and step != run.steps:
                 evaluations.append(_evaluate_at(run, state, step, progress, clock))
         if pending is not None:
-            _check_finite(*pending, limit)
-            _check_last_update(*pending, limit)
+            check_skipped_updates(*pending, limit, run_ended=True)
     return _LoopEnd(state, metrics, clock, evaluations)
 
 

@@ -124,10 +124,10 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
     if not (force or mgr.should_save(step)):
         return False
     checksums = jax.device_get(state_checksums(state)).tolist()
-    return mgr.save(step, args=ocp.args.Composite(
+    return mgr.save(step, args=ocp.args.Composite(  # due: asked once (a sync point on a pod)
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(data_iterator),
-        checksums=ocp.args.JsonSave({"state": checksums})), force=force)
+        checksums=ocp.args.JsonSave({"state": checksums})), force=True)
 
 
 SET_ASIDE = "checkpoints_set_aside"
