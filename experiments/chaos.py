@@ -3,7 +3,7 @@ uninterrupted run.
 
     python experiments/chaos.py [--config configs/simclr_mnist1d.py] [--steps 200]
         [--kills 5] [--checkpoint-every 20] [--seed 0] [--faults kill damaged non_finite
-        concurrent] [--quick]
+        concurrent flipped all_skipped signal_in_evaluation file_size_limit] [--quick]
 
 Runs the job once without interruption (``--steps`` steps, evaluation off), then once per
 fault in a fresh workdir, and checks the final parameter hash (``params_sha256`` in
@@ -20,7 +20,26 @@ results.json: parameters and BatchNorm statistics) against the uninterrupted run
   move aside the checkpoints from the step that led there; the original command (accepting the
   change back) resumes from the checkpoint before and finishes;
 - ``concurrent``: a second trainer started on the workdir while the first runs must stop at
-  once (exit 2, naming the holder of the lock) while the first finishes.
+  once (exit 2, naming the holder of the lock) while the first finishes;
+- ``flipped``: SIGTERM at a random step, then 64 bytes XOR-ed in the middle of the largest
+  array file of that newest checkpoint (``state/ocdbt.process_0/d/``; its size unchanged, so
+  nothing but its content says it is damaged); the rerun must find that it does not match the
+  checksums saved with it (or fail to read it), move it aside and resume from the previous
+  checkpoint. (In ``--quick``'s tiny model the middle of that file is not part of any
+  restored array: the rerun restores the state as saved, its checksums match, and the row
+  says so.)
+- ``all_skipped``: SIGTERM at a random step, then a rerun of 5 more steps with learning rate
+  1e30 (too short for the 10-in-a-row guard): every update is skipped, so it must stop with
+  exit 2 and no ``results.json`` (not report an untrained model as done) and move aside the
+  checkpoints that led there; the original command resumes before them and finishes;
+- ``signal_in_evaluation``: the job with its final evaluation on, SIGTERM once it prints
+  ``final evaluation``: exit 0 with a message and no ``results.json``; the same command then
+  only evaluates (it resumes at the last step) and writes the results;
+- ``file_size_limit``: SIGTERM at a random step, then the same command under ``ulimit -f``
+  at half the size of the largest file the uninterrupted run wrote: the next checkpoint's
+  write is refused, which must end the run with exit 2 and one ``error: cannot write``
+  paragraph on stderr (no traceback); the same command without the limit resumes from the
+  last complete checkpoint and finishes.
 
 Writes ``experiments/results/chaos.md`` (no ``.csv`` or plot: one row per fault). Exits 1 if
 any hash differs or a fault was not handled as described.
@@ -184,8 +203,112 @@ def fault_concurrent(cmd, workdir, steps, rng, env, **_) -> dict:
             "ok": ok}
 
 
+def _resumed_from(out: str) -> str:
+    """The step a run's output says it resumed from, ``-`` if none."""
+    return out.split("resumed from step ")[1].split(":")[0] if "resumed from step" in out \
+        else "-"
+
+
+def fault_flipped(cmd, workdir, steps, rng, env, *, every: int, **_) -> dict:
+    stopped = _stop_at(cmd, workdir, rng.randint(2 * every, steps // 2), env)
+    state = workdir / "checkpoints" / str(stopped) / "state"
+    largest = max((p for p in state.rglob("*") if p.is_file() and p.parent.name == "d"),
+                  key=lambda p: p.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    largest.write_bytes(bytes(data))
+    before = [s for s in _saved(workdir) if s < stopped][-1]
+    code, out, _ = _finish(_start(cmd, env))
+    how = ("its checksums do not match" if "does not match the checksums" in out else
+           "a read error" if "cannot be restored" in out else None)
+    if how is None:  # restored: it matched its checksums, so the bytes were not state bytes
+        how = "no, the changed bytes are not read (the state matches its checksums)"
+        ok = code == 0 and _resumed_from(out) == str(stopped) and not _set_aside(workdir)
+    else:
+        ok = (code == 0 and _resumed_from(out) == str(before)
+              and _set_aside(workdir) == [f"{stopped}-damaged"])
+    return {"what": f"SIGTERM at step {stopped}, 64 bytes XOR-ed in its checkpoint's largest "
+                    f"array file ({largest.relative_to(state).parent}, {len(data):,} bytes; "
+                    "size unchanged)",
+            "seen": f"exit {code}; detected: {how}; moved aside {_set_aside(workdir)}, "
+                    f"resumed from step {_resumed_from(out)}",
+            "ok": ok}
+
+
+def fault_all_skipped(cmd, workdir, steps, rng, env, *, every: int, **_) -> dict:
+    stopped = _stop_at(cmd, workdir, rng.randint(2 * every, steps // 2), env)
+    short = [*cmd, f"--config.total_steps={stopped + 5}",
+             "--config.optimizer.learning_rate=1e30", "--accept_config_change"]
+    code, _, err = _finish(_start(short, env))
+    moved = _set_aside(workdir)
+    good = _saved(workdir)
+    no_results = not (workdir / "results.json").exists()
+    fixed, out, _ = _finish(_start([*cmd, "--accept_config_change"], env))
+    ok = (code == 2 and "last 5 update(s), each skipped" in err and no_results
+          and moved and all("diverged" in m for m in moved) and fixed == 0
+          and f"resumed from step {good[-1]}" in out)
+    return {"what": f"SIGTERM at step {stopped}, then 5 more steps with learning rate 1e30",
+            "seen": f"exit {code}, 'the run's last 5 update(s), each skipped', "
+                    f"{'no' if no_results else 'a'} results.json; moved aside {moved}; the "
+                    f"rerun: exit {fixed}, resumed from step {good[-1] if good else 0}",
+            "ok": ok}
+
+
+def fault_signal_in_evaluation(cmd, workdir, steps, rng, env, **_) -> dict:
+    evaluated = [*cmd, "--config.evaluation.enabled=True"]
+    proc = subprocess.Popen(evaluated, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    signalled = False
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "final evaluation:" in line and not signalled:
+            proc.send_signal(signal.SIGTERM)
+            signalled = True
+    code = proc.wait(timeout=600)
+    out = "".join(lines)
+    no_results = not (workdir / "results.json").exists()
+    again, rerun, _ = _finish(_start(evaluated, env))
+    results = json.loads((workdir / "results.json").read_text()) if again == 0 else {}
+    ok = (signalled and code == 0 and "stopped by SIGTERM during the final evaluation" in out
+          and no_results and again == 0 and f"resumed from step {steps}" in rerun
+          and results.get("evaluations", [{}])[-1].get("step") == steps)
+    return {"what": "SIGTERM once the run printed 'final evaluation'",
+            "seen": f"exit {code}, 'stopped by SIGTERM during the final evaluation', "
+                    f"{'no' if no_results else 'a'} results.json; the rerun: exit {again}, "
+                    f"only evaluated (resumed from step {steps})",
+            "ok": ok}
+
+
+def fault_file_size_limit(cmd, workdir, steps, rng, env, *, every: int, largest: int,
+                          **_) -> dict:
+    stopped = _stop_at(cmd, workdir, rng.randint(2 * every, steps // 2), env)
+    kib = largest // 2 // 1024
+    before = _saved(workdir)
+    # a shell's ulimit, not preexec_fn (unsafe to fork from a threaded process)
+    limited = ["bash", "-c", f'ulimit -f {kib} && exec "$@"', "bash", *cmd]
+    code, _, err = _finish(_start(limited, env))
+    errors = [line for line in err.splitlines()
+              if line.strip() and "Warning" not in line and "warn(" not in line]
+    one_paragraph = len(errors) == 1 and errors[0].startswith("error: cannot write")
+    named = errors[0].replace(str(workdir), "WORKDIR").split(":")[0:2] if errors else []
+    intact = [s for s in _saved(workdir) if s in before]
+    fixed, out, _ = _finish(_start(cmd, env))
+    resumed = _resumed_from(out)
+    ok = (code == 2 and one_paragraph and "file-size limit" in err and intact == before
+          and fixed == 0 and resumed == str(max(before)))
+    return {"what": f"SIGTERM at step {stopped}, then the same command under `ulimit -f {kib}`",
+            "seen": f"exit {code}, {'one' if one_paragraph else 'NOT one'} paragraph "
+                    f"'{':'.join(named)}: File too large ...'; checkpoints {before} intact; "
+                    f"without the limit: exit {fixed}, resumed from step {resumed}",
+            "ok": ok}
+
+
 FAULTS = {"kill": fault_kill, "damaged": fault_damaged, "non_finite": fault_non_finite,
-          "concurrent": fault_concurrent}
+          "concurrent": fault_concurrent, "flipped": fault_flipped,
+          "all_skipped": fault_all_skipped, "signal_in_evaluation": fault_signal_in_evaluation,
+          "file_size_limit": fault_file_size_limit}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,10 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         if whole.returncode != 0:
             raise RuntimeError(whole.stderr[-3000:])
         want = json.loads((tmp / "whole" / "results.json").read_text())["params_sha256"]
+        largest = max(p.stat().st_size for p in (tmp / "whole").rglob("*") if p.is_file())
         for name in args.faults:
             workdir = tmp / name
             row = FAULTS[name](command(config, workdir, steps, every), workdir, steps, rng,
-                               env, kills=kills, every=every)
+                               env, kills=kills, every=every, largest=largest)
             got = json.loads((workdir / "results.json").read_text())["params_sha256"]
             row.update(fault=name, same=got == want, hash=got[:16] + "...")
             rows.append(row)

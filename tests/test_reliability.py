@@ -200,24 +200,43 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
         assert differs.any(axis=1).sum() == 1, name  # that leaf's row, no other
 
 
+@pytest.mark.parametrize("when", ["evaluating", "announced"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evaluates(
-        tmp_path, capsys, monkeypatch, signum):
+        tmp_path, capsys, monkeypatch, signum, when):
     """SIGTERM (the default would kill the process: exit 143, no message) and SIGINT during
     the final evaluation both stop the run at once with a message and no results.json; the
-    training is saved, so the same command then only evaluates and writes the results."""
+    training is saved, so the same command then only evaluates and writes the results. Also
+    for a signal sent as soon as the run prints ``final evaluation`` (a scheduler watching the
+    log): the handler is in place before that line."""
     import os
+
+    from contrastive_jax.training.run.progress import Progress
 
     simclr_quick_workdir(tmp_path)  # trained once per process, copied: steps 1-6
     config = quick(total_steps=9, checkpoint_every=3)
     config.evaluation.enabled = True
-    real_evaluate = train.evaluate
+    real_evaluate, real_message = train.evaluate, Progress.message
+    default = signal.getsignal(signum)
 
-    def signalled(*args, **kwargs):
+    def signal_self():
+        if signal.getsignal(signum) is default:  # the signal would kill pytest: fail instead
+            raise AssertionError("no handler for the signal at the final evaluation")
         os.kill(os.getpid(), signum)  # the handler raises before the next line
         raise AssertionError("the signal did not stop the evaluation")
 
-    monkeypatch.setattr(train, "evaluate", signalled)
+    def signalled(*args, **kwargs):
+        signal_self()
+
+    def announced(self, line):
+        real_message(self, line)
+        if line.startswith("final evaluation"):
+            signal_self()
+
+    if when == "evaluating":
+        monkeypatch.setattr(train, "evaluate", signalled)
+    else:
+        monkeypatch.setattr(Progress, "message", announced)
     before = signal.getsignal(signum)
     capsys.readouterr()
     stopped = train.train_and_evaluate(config, str(tmp_path))
@@ -228,6 +247,7 @@ def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evalua
     assert not json.loads((tmp_path / "results.json").read_text()).get("steps") == 9
     assert signal.getsignal(signum) is before  # the handler restored
     monkeypatch.setattr(train, "evaluate", real_evaluate)
+    monkeypatch.setattr(Progress, "message", real_message)
     results = train.train_and_evaluate(config, str(tmp_path))
     assert results["steps"] == 9 and results["resumed_from"] == 9
     assert 0 <= results["linear_probe"] <= 1 and results["evaluations"][-1]["step"] == 9
@@ -271,11 +291,28 @@ def test_a_diverged_run_sets_its_checkpoints_aside_and_the_fixed_rerun_resumes_b
                                                    r"resumes from step 3\.") as caught:
         train.train_and_evaluate(bad, str(tmp_path), accept_config_change=True)
     assert (caught.value.step, caught.value.in_a_row) == (9, 3)
-    assert _set_aside(tmp_path) == ["6-diverged", "9-diverged"]
-    assert _saved_steps(tmp_path) == [3]
+    assert _set_aside(tmp_path) == ["6-diverged"]  # no save at 9: its update was skipped
+    assert _saved_steps(tmp_path) == [1, 3]
     results = train.train_and_evaluate(quick(total_steps=9, checkpoint_every=3),
                                        str(tmp_path), accept_config_change=True)
     assert results["resumed_from"] == 3
+
+
+def test_a_diverging_run_saves_no_checkpoint_that_would_push_the_good_ones_out(tmp_path):
+    """Checkpoints every step, keep 3, six skipped updates: saving them (the last good
+    parameters under later steps) would delete checkpoints 1, 3 and 6 before the guard sets
+    the diverged ones aside, leaving nothing to resume from. Saves wait while updates are
+    skipped, so checkpoints 1 and 3 survive and the next run resumes from 3."""
+    simclr_quick_workdir(tmp_path)  # trained once per process, copied: checkpoints 1, 3, 6
+    bad = quick(total_steps=12, checkpoint_every=1)
+    bad.optimizer.learning_rate = 1e30
+    assert (bad.keep_checkpoints, bad.max_skipped_in_a_row) == (3, 10)
+    with pytest.raises(train.NonFiniteError, match=r"step 12: .*last 6 update\(s\).*steps >= 6"
+                                                   r".*next run resumes from step 3\.") as caught:
+        train.train_and_evaluate(bad, str(tmp_path), accept_config_change=True)
+    assert (caught.value.step, caught.value.in_a_row) == (12, 6)
+    assert _saved_steps(tmp_path) == [1, 3]  # a fresh run's first step is saved too
+    assert _set_aside(tmp_path) == ["6-diverged"]  # none of steps 7-12 was saved
 
 
 def test_no_restorable_checkpoint_and_a_different_model_are_clear_errors(tmp_path):
@@ -326,8 +363,9 @@ def test_persistent_non_finite_losses_stop_the_run_naming_the_step(tmp_path, cap
     config.max_skipped_in_a_row = 20
     capsys.readouterr()
     with pytest.raises(train.NonFiniteError, match=r"step 12: .* non-finite for the run's last "
-                                                   r"12 update\(s\), each skipped.* starts from "
-                                                   r"scratch"):
+                                                   r"12 update\(s\), each skipped.* No "
+                                                   r"checkpoint was saved from step 0 on .* "
+                                                   r"the next run starts from scratch\."):
         train.train_and_evaluate(config, str(tmp_path / "short"))
     out = capsys.readouterr().out
     assert "step     12/12 | " in out and "| skipped 12 |" in out, out

@@ -183,13 +183,13 @@ def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_chang
             left = manager.all_steps()
         finally:
             manager.close()
-        if not moved:
-            raise
         then = f"resumes from step {max(left)}" if left else "starts from scratch"
-        raise NonFiniteError(
-            f"{err} The checkpoints of steps >= {first} hold the parameters that led there; "
-            f"they were moved to {epath.Path(moved[0]).parent}, so the next run {then}.",
-            step=err.step, in_a_row=err.in_a_row) from None
+        where = (f"The checkpoints of steps >= {first} hold the parameters that led there; they "
+                 f"were moved to {epath.Path(moved[0]).parent}, so" if moved else
+                 f"No checkpoint was saved from step {first} on (none while updates are "
+                 "skipped), so")
+        raise NonFiniteError(f"{err} {where} the next run {then}.", step=err.step,
+                             in_a_row=err.in_a_row) from None
     except BaseException:
         manager.close()  # release orbax's threads and files before the error propagates
         raise
@@ -301,7 +301,8 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
                 check_skipped_updates(*pending, limit)
                 checkpoints.save(ckpt, step, state, stream, force=True)
                 return _LoopEnd(state, metrics, clock, evaluations, step, _stop_cause(stop))
-            checkpoints.save(ckpt, step, state, stream, force=step == run.steps)
+            checkpoints.save(ckpt, step, state, stream, force=step == run.steps,
+                             skipped_in_a_row=metrics["skipped_in_a_row"] if limit else None)
             if every and step % every == 0 and step != run.steps:
                 evaluations.append(_evaluate_at(run, state, step, progress, clock))
         if pending is not None:
@@ -350,20 +351,23 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
              history: list) -> dict[str, Any]:
     """The final evaluation and ``workdir/results.json`` of a finished run."""
     config, state = run.config, end.state
-    ckpt.wait_until_finished()
-    train_time = end.clock.train_s(time.perf_counter())
-    if config.evaluation.enabled:
-        progress.message(f"final evaluation: {evaluation_names(config)}...")
     try:
-        with interrupt_on_signal():  # SIGTERM as SIGINT: stop now, the training is saved
+        # SIGTERM as SIGINT: stop now, the training is saved. Installed before the wait for
+        # the last checkpoint and before the message, so no signal finds the default handler
+        # (which would kill the process without a word).
+        with interrupt_on_signal():
+            ckpt.wait_until_finished()
+            train_time = end.clock.train_s(time.perf_counter())
+            if config.evaluation.enabled:
+                progress.message(f"final evaluation: {evaluation_names(config)}...")
             final = evaluate(run.graphdef, state, config, run.mesh) \
                 if config.evaluation.enabled else {}
     except Interrupted as stop:
-        ckpt.close()
-        progress.message(f"stopped by {stop} during the final evaluation: the training is "
-                         f"finished and saved (checkpoint {run.steps} in "
-                         f"{run.workdir / 'checkpoints'}); run the same command to evaluate it "
-                         "and write results.json")
+        ckpt.close()  # waits for the last checkpoint if the signal came during that wait
+        when = "during the final evaluation" if config.evaluation.enabled else "at the end"
+        progress.message(f"stopped by {stop} {when}: the training is finished and saved "
+                         f"(checkpoint {run.steps} in {run.workdir / 'checkpoints'}); run the "
+                         "same command to evaluate it and write results.json")
         progress.close()
         return {"steps": run.steps, "stopped_at": run.steps, "resumed_from": resumed}
     history.append({"step": run.steps, "wall_s": round(time.perf_counter() - run.start, 2),

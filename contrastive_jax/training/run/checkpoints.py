@@ -118,10 +118,19 @@ def state_checksums(state) -> jax.Array:
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
-         force: bool = False) -> bool:
+         force: bool = False, skipped_in_a_row=None) -> bool:
     """Save ``state``, the iterator and the state's :func:`state_checksums` at ``step`` if due
-    (or ``force``); whether it saved."""
+    (or ``force``); whether it saved.
+
+    A save is postponed while updates are being skipped (``skipped_in_a_row``, the train
+    step's counter, > 0; read only when a save is due, where the state is waited for anyway):
+    such a checkpoint holds the last good parameters under a later step and, saved every few
+    steps of a diverging run, would push the good checkpoints out of ``keep`` before the
+    guard stops the run and sets the diverged ones aside (docs/reliability.md, "Numerical
+    guard"). Pass ``None`` (a signal's save, or the guard turned off) to save regardless."""
     if not (force or mgr.should_save(step)):
+        return False
+    if skipped_in_a_row is not None and int(skipped_in_a_row) > 0:
         return False
     checksums = jax.device_get(state_checksums(state)).tolist()
     return mgr.save(step, args=ocp.args.Composite(  # due: asked once (a sync point on a pod)
