@@ -1,4 +1,4 @@
-"""Loss benchmark: dense autodiff vs dense hand-written backward (dense_vjp) vs tiled, fwd + bwd.
+"""Loss benchmark: the textbook dense loss vs the library's impls (autodiff, dense_vjp, tiled).
 
     python benchmarks/loss_bench.py [--sizes 1024 4096 16384] [--large] [--runs 5]
     python benchmarks/loss_bench.py --sweep-block 256 512 1024 2048 --sizes 16384
@@ -19,6 +19,13 @@ compiler's freed heap is returned to the OS (glibc ``malloc_trim``) before the r
 worker times an (N, d) @ (d, N) float32 matmul in the same process, the reference for the
 useful fraction (for N > 16384 an (N, d) @ (d, 16384) one, whose output still fits in memory).
 
+The baseline a reader has in mind is the *textbook* dense loss, written here in the benchmark
+(not the library) as anyone would write it in JAX: normalise, ``s x y^T`` with
+``s = min(exp(t), 100)``, and ``optax.softmax_cross_entropy_with_integer_labels`` on the logits
+and their transpose (CLIP; for NT-Xent the 2N views with the self-similarity set to ``-inf``;
+for SigLIP ``-mean log_sigmoid(z * logits)``), differentiated by autodiff. Every time is also
+given relative to it (``time vs textbook``).
+
 Columns: median time of a forward+backward pass; peak extra memory; useful GFLOP/s =
 ``6 N^2 d / time`` (the three N x N x d matmuls of the dense hand-written pass); and that figure
 as a fraction of the matmul's own GFLOP/s (``2 N^2 d / t_matmul``). A tiled pass recomputes the
@@ -27,7 +34,9 @@ on and above the diagonal of its symmetric similarity, so it can exceed that. ``
 rows of the similarity matrix: N pairs for CLIP and SigLIP, N/2 pairs (N views) for NT-Xent. SigLIP
 has no dense_vjp impl (its tiled backward is the hand-written one).
 
-Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to ``.json``).
+Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to ``.json``),
+headed by the command, the date and the commit; ``--append`` adds the run as one more section
+(before and after a change).
 """
 
 from __future__ import annotations
@@ -42,7 +51,37 @@ import sys
 import time
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results"
-IMPLS = ("autodiff", "dense_vjp", "tiled")
+IMPLS = ("textbook", "autodiff", "dense_vjp", "tiled")
+
+
+def textbook_loss(loss: str):
+    """The dense loss as a textbook writes it (the baseline; not the library's code)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    def normalized(v):
+        return v / jnp.linalg.norm(v, axis=1, keepdims=True)
+
+    def clip(x, y, t):
+        logits = jnp.minimum(jnp.exp(t), 100.0) * normalized(x) @ normalized(y).T
+        labels = jnp.arange(x.shape[0])
+        return 0.5 * (optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+                      + optax.softmax_cross_entropy_with_integer_labels(logits.T, labels).mean())
+
+    def nt_xent(z1, z2, temperature):
+        z = normalized(jnp.concatenate([z1, z2]))
+        n = z.shape[0]
+        logits = jnp.where(jnp.eye(n, dtype=bool), -jnp.inf, z @ z.T / temperature)
+        labels = (jnp.arange(n) + n // 2) % n
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    def siglip(x, y, t):
+        logits = jnp.minimum(jnp.exp(t), 100.0) * normalized(x) @ normalized(y).T - 10.0
+        signs = 2.0 * jnp.eye(x.shape[0]) - 1.0
+        return -jnp.sum(jax.nn.log_sigmoid(signs * logits)) / x.shape[0]
+
+    return {"clip": clip, "nt_xent": nt_xent, "siglip": siglip}[loss]
 
 
 def _status_mb(key: str) -> float:
@@ -78,7 +117,11 @@ def worker(args: argparse.Namespace) -> dict:
     kwargs = {"impl": args.impl}
     if args.impl == "tiled":
         kwargs["block_size"] = args.block
-    if args.loss == "clip":
+    if args.impl == "textbook":
+        third = jnp.float32(0.1) if args.loss == "nt_xent" else jnp.log(
+            jnp.float32(1 / 0.07) if args.loss == "clip" else jnp.float32(10.0))
+        fn = textbook_loss(args.loss)
+    elif args.loss == "clip":
         third = jnp.log(jnp.float32(1 / 0.07))
         fn = lambda a, b, t: clip_loss(a, b, t, **kwargs)  # noqa: E731
     elif args.loss == "siglip":  # the bias is a constant here: the same passes either way
@@ -99,7 +142,7 @@ def worker(args: argparse.Namespace) -> dict:
     # the inputs in place and the program compiled, before the first run allocates anything.
     pathlib.Path("/proc/self/clear_refs").write_text("5")
     before = _status_mb("VmRSS")
-    jax.block_until_ready(step(x, y, third))  # warm-up
+    value = float(jax.block_until_ready(step(x, y, third))[0])  # warm-up; the loss's value
     times = []
     for _ in range(args.runs):
         start = time.perf_counter()
@@ -127,7 +170,8 @@ def worker(args: argparse.Namespace) -> dict:
     return {
         "loss": args.loss, "impl": args.impl, "n": n, "d": d,
         "block": args.block if args.impl == "tiled" else None,
-        "time_s": t, "run_mb": run_mb, "with_inputs_mb": total_mb, "scratch_mb": scratch_mb,
+        "value": value, "time_s": t, "run_mb": run_mb, "with_inputs_mb": total_mb,
+        "scratch_mb": scratch_mb,
         "useful_gflops": useful, "matmul_gflops": mm_gflops, "fraction": useful / mm_gflops,
     }
 
@@ -170,13 +214,26 @@ def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, time
     return {**timing, **memory}
 
 
+def _commit() -> str:
+    """The repository's commit, ``+ local changes`` when the library differs from it."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "contrastive_jax"], cwd=root,
+                               text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + local changes to contrastive_jax/" if dirty else "")
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| loss | impl | N | block | fwd+bwd (s) | time vs autodiff | run peak (MB) "
+    lines = ["| loss | impl | N | block | fwd+bwd (s) | time vs textbook | run peak (MB) "
              "| lifetime peak (MB) | XLA scratch (MB) | useful GFLOP/s | matmul GFLOP/s "
              "| fraction of matmul |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     base = {(r["loss"], r["n"]): r["time_s"] for r in rows
-            if r.get("impl") == "autodiff" and "error" not in r}
+            if r.get("impl") == "textbook" and "error" not in r}
     for r in rows:
         block = r.get("block") or "-"
         if "error" in r:
@@ -211,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the tiled impl, once per block size")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per worker")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS / "loss_bench.md")
+    parser.add_argument("--append", action="store_true",
+                        help="add this run's table to --out (e.g. before and after a change)")
     args = parser.parse_args(argv)
     if args.block is None:
         from contrastive_jax.losses import DEFAULT_BLOCK_SIZE
@@ -241,11 +300,25 @@ def main(argv: list[str] | None = None) -> int:
               f"  ({time.time() - start:.0f} s wall)", flush=True)
     table = markdown(rows)
     print("\n" + table)
+    for row in rows:  # every impl computes the textbook's loss (float32 rounding apart)
+        want = next((r["value"] for r in rows if r.get("impl") == "textbook" and "value" in r
+                     and (r["loss"], r["n"]) == (row["loss"], row["n"])), None)
+        if want is not None and "value" in row and abs(row["value"] - want) > 1e-4 * abs(want):
+            print(f"WARNING: {row['loss']} {row['impl']} N={row['n']}: loss {row['value']} "
+                  f"differs from the textbook's {want}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Loss benchmark\n\nf32, d = {args.d}, median of the timed runs after one "
-              "warm-up; see `benchmarks/loss_bench.py` for the method.\n\n")
-    args.out.write_text(header + table + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    produced = (f"`python benchmarks/loss_bench.py {' '.join(argv or sys.argv[1:])}` on "
+                f"{time.strftime('%Y-%m-%d')}, at commit {_commit()}: float32, d = {args.d}, "
+                "median of the timed runs after one warm-up; see `benchmarks/loss_bench.py` "
+                "for the method.")
+    section = f"{produced}\n\n{table}\n"
+    raw = args.out.with_suffix(".json")
+    if args.append and args.out.exists():  # one more measured section (e.g. after a change)
+        args.out.write_text(args.out.read_text().rstrip("\n") + "\n\n" + section)
+        rows = json.loads(raw.read_text()) + rows if raw.exists() else rows
+    else:
+        args.out.write_text(f"# Loss benchmark\n\n{section}")
+    raw.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"\nwrote {args.out}")
     return 0
 
