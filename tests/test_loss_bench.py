@@ -5,10 +5,10 @@ import json
 
 import jax
 import jax.numpy as jnp
+import loss_bench
 import numpy as np
 import pytest
 
-import loss_bench
 from contrastive_jax.losses import clip_loss, nt_xent, siglip_loss
 
 LIBRARY = {

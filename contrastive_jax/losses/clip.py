@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.info_nce import row_losses
+from contrastive_jax.losses.info_nce import paired_row_losses, row_losses
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.losses.similarity import similarities
 from contrastive_jax.losses.temperature import logit_scale
@@ -132,8 +132,15 @@ def positives(n: int, ids: Array | None) -> Array:
 def _clip_forward(x, y, log_scale, max_scale, direction, ids=None):
     x_hat, y_hat = l2_normalize(x), l2_normalize(y)
     logits = logit_scale(log_scale, max_scale) * similarities(x_hat, y_hat)
-    mask = positives(logits.shape[0], ids)
     w_row, w_col = DIRECTION_WEIGHTS[direction]
+    if ids is None:  # each pair alone: the diagonal, two fused passes per direction
+        loss = 0.0
+        if w_row:
+            loss += w_row * jnp.mean(paired_row_losses(logits, axis=1))
+        if w_col:
+            loss += w_col * jnp.mean(paired_row_losses(logits, axis=0))
+        return loss
+    mask = positives(logits.shape[0], ids)
     loss = 0.0
     if w_row:
         loss += w_row * jnp.mean(row_losses(logits, mask))

@@ -105,6 +105,34 @@ def row_losses(logits: Array, pos_mask: Array, candidates: Array | None = None) 
     return positive_relative_loss(lse_neg, lse_pos)
 
 
+def paired_row_losses(logits: Array, axis: int = 1) -> Array:
+    """Per-row (``axis=1``) or per-column (``axis=0``) InfoNCE of a square (N, N) ``logits``
+    whose positives are its diagonal: ``softplus(lse_{j != i} z_ij - z_ii)`` -> (N,).
+
+    The same stable form as :func:`row_losses` (docs/derivations.md §6.2) for the one-positive
+    case, in the passes a textbook ``log_softmax`` takes: one max over the negatives (the
+    diagonal masked with an iota compare that XLA fuses into the reduction), one exp-sum, the
+    diagonal read directly (O(N), no masked log-sum-exp over N x N for the positives), no
+    transpose for the columns. Under autodiff the backward is one elementwise pass before the
+    two matmuls. The shift is the largest negative, so the sum is >= 1 (no ``log 0``) unless
+    it is NaN, which then reaches the loss (a NaN that XLA:CPU's fused ``max`` drops still
+    reaches the sum). The diagonal enters the sum as ``exp(-inf) = 0``, whose gradient is 0
+    (masking after the ``exp`` would multiply an overflowing ``exp`` by 0: NaN).
+
+    References:
+      docs/derivations.md §6.2 (the stable row form), §8.1 (CLIP's rows and columns).
+    """
+    other = 1 - axis
+    diagonal = (lax.broadcasted_iota(jnp.int32, logits.shape, axis)
+                == lax.broadcasted_iota(jnp.int32, logits.shape, other))
+    negatives = jnp.where(diagonal, -jnp.inf, logits)
+    shift = jnp.max(negatives, axis=axis, keepdims=True)
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+    total = jnp.sum(jnp.exp(negatives - shift), axis=axis)
+    lse_negatives = jnp.log(total) + jnp.squeeze(shift, axis)
+    return positive_relative_loss(lse_negatives, jnp.diagonal(logits))
+
+
 def positive_mask(positives: Array, num_anchors: int, num_candidates: int) -> Array:
     """Boolean (A, K) mask of positives from indices (A,) or a mask (A, K), with checks."""
     dtype = jnp.result_type(positives)
