@@ -1,0 +1,480 @@
+"""Image-text shards (webdataset tars, parquet) -> a prepared TFDS dataset, offline.
+
+CLIP-scale data comes as webdataset tar shards written by img2dataset (``00000.tar`` holding
+``KEY.jpg``, ``KEY.txt`` and optionally ``KEY.json`` per example) or as parquet files with an
+image-bytes column and a caption column. This command turns them into a folder that
+:func:`~contrastive_jax.training.data.sources.open_split` and ``tfds.builder_from_directory``
+read like any prepared dataset (``dataset_info.json``, ``features.json``, array_record
+shards), with the features of ``coco_captions`` that the ``image_text`` preprocessing reads:
+``image`` (the encoded bytes, decoded at read time), ``captions/text`` (one caption), plus
+``image/filename`` (the example's key, ``SHARD/KEY``) and ``metadata`` (the ``.json`` member as
+text, or ``""``)::
+
+    python -m contrastive_jax.training.data.convert_shards \\
+        --input='gs://bucket/cc12m/{00000..00099}.tar' --name=cc12m --data_dir=DATA_DIR \\
+        [--split=train] [--max_side=512] [--workers=8] [--overwrite]
+
+Then train with ``--config.data.name=cc12m --config.data.data_dir=DATA_DIR``.
+
+- **Inputs**: local paths, globs (``*``, ``?``, ``[...]``), brace lists and ranges
+  (``{a,b}``, ``{00000..00099}``, zero padding kept) and ``gs://`` (through ``etils.epath``);
+  ``--input`` may be given several times. ``.tar`` (optionally ``.tar.gz``) files are read as
+  webdataset shards: members grouped by key (the path up to the first ``.`` of the file name),
+  images ``jpg``/``jpeg``/``png``/``webp``, caption ``txt``. ``.parquet`` files: the image
+  bytes in ``--image_column`` (default ``jpg``; a struct with a ``bytes`` field, as Hugging
+  Face writes images, works too), the caption in ``--caption_column`` (default ``caption``),
+  the key in ``--key_column`` if present (else the row number).
+- **One output shard per input shard**, written by ``--workers`` processes (default: the
+  cores), in input order, so the same inputs give byte-identical output whatever the workers.
+- **Resumable**: each output shard is written to a temporary file and renamed, then its
+  report is written; killed at any moment and run again, the command redoes only the shards
+  without a report, and ends with every example exactly once. ``dataset_info.json`` is written
+  last, so a half-converted folder is never read as a dataset.
+- **Bad members are skipped and counted by reason** (``image undecodable``, ``no image``,
+  ``no caption``, ``empty caption``, ``truncated shard``: the examples before the cut are
+  kept), never a crash; a shard that cannot be read at all (not a tar or parquet file, missing)
+  is named. The counts, per shard and in total, are in ``conversion_report.json`` beside the
+  data, and the command prints them.
+- ``--max_side``: images whose longer side is larger are resized (bicubic) to that side and
+  re-encoded as JPEG (quality 95), to bound storage; images that are not RGB (grayscale,
+  palette, RGBA, CMYK) are converted to RGB and re-encoded (PNG stays PNG). Other images are
+  stored as the bytes they came in.
+
+References: docs/data.md, "Your own image-text shards".
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import fcntl
+import glob
+import io
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import tarfile
+import time
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+from etils import epath
+
+from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+VERSION = "1.0.0"
+WORK_DIR = ".convert_shards"  # inside the version folder: reports of finished shards
+REPORT = "conversion_report.json"
+SKIP_REASONS = ("image undecodable", "no image", "no caption", "empty caption",
+                "truncated shard")
+
+
+def features():
+    """The dataset's features: ``coco_captions``' ``image`` and ``captions/text``, the key and
+    the metadata."""
+    import tensorflow_datasets as tfds
+
+    return tfds.features.FeaturesDict({
+        "image": tfds.features.Image(shape=(None, None, 3)),
+        "image/filename": tfds.features.Text(),
+        "captions": tfds.features.Sequence({"text": tfds.features.Text()}),
+        "metadata": tfds.features.Text(),
+    })
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """webdataset's brace expansion: ``{a,b}`` lists and ``{000..099}`` ranges (zero padding
+    of the first bound kept), left to right: ``"s{0..2}.tar"`` -> ``s0.tar s1.tar s2.tar``."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numeric:
+        first, last = numeric.groups()
+        if int(last) < int(first):
+            raise ConfigError(f"brace range {{{body}}} in {pattern!r} counts down; write "
+                              f"{{{last}..{first}}}")
+        width = len(first) if first.startswith("0") else 0
+        items = [str(i).zfill(width) for i in range(int(first), int(last) + 1)]
+    else:
+        items = body.split(",")
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for item in items for expanded in expand_braces(head + item + tail)]
+
+
+def input_files(patterns: Sequence[str]) -> list[str]:
+    """Every file the patterns name (braces expanded, then globs matched), in order, without
+    repeats. A ConfigError if a pattern matches nothing."""
+    files: list[str] = []
+    for pattern in patterns:
+        for expanded in expand_braces(pattern):
+            if glob.has_magic(expanded):
+                path = epath.Path(expanded)
+                anchor = next((i for i, part in enumerate(path.parts) if glob.has_magic(part)))
+                root = epath.Path(*path.parts[:anchor])
+                matched = sorted(str(p) for p in root.glob("/".join(path.parts[anchor:])))
+            else:
+                matched = [expanded] if epath.Path(expanded).exists() else []
+            if not matched:
+                raise ConfigError(f"--input {pattern!r}: {expanded!r} matches no file")
+            files += [f for f in matched if f not in files]
+    return files
+
+
+@dataclasses.dataclass
+class Example:
+    """One image-text pair as read from a shard (``None``: the member is missing)."""
+
+    key: str
+    image: bytes | None = None
+    caption: str | None = None
+    metadata: str = ""
+
+
+def tar_examples(path: str, skipped: Counter) -> Iterator[Example]:
+    """The examples of a webdataset tar, members grouped by key (consecutive, as webdataset
+    writes them). A file that is not a tar raises ``tarfile.ReadError`` (the shard cannot be
+    read). A cut inside the tar ends it: the examples before the cut are kept; the one being
+    read when it came (which may lack a member) is dropped and counted as ``truncated shard``."""
+    current: Example | None = None
+    with epath.Path(path).open("rb") as raw:
+        tar = tarfile.open(fileobj=raw, mode="r|*")
+        try:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, _, extension = name.partition(".")
+                key = f"{folder}/{stem}" if folder else stem
+                data = tar.extractfile(member).read()
+                if current is None or key != current.key:
+                    if current is not None:
+                        yield current
+                    current = Example(key)
+                extension = extension.lower()
+                if extension in IMAGE_EXTENSIONS:
+                    current.image = data
+                elif extension == "txt":
+                    current.caption = data.decode("utf-8", errors="replace")
+                elif extension == "json":
+                    current.metadata = data.decode("utf-8", errors="replace")
+        except (tarfile.ReadError, EOFError, zlib.error):
+            skipped["truncated shard"] += 1
+            return
+    if current is not None:
+        yield current
+
+
+def parquet_examples(path: str, image_column: str, caption_column: str,
+                     key_column: str) -> Iterator[Example]:
+    """The rows of a parquet file as examples (read one row group at a time)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ConfigError("reading parquet needs pyarrow: pip install pyarrow") from err
+    with epath.Path(path).open("rb") as raw:
+        table = pq.ParquetFile(raw)
+        columns = table.schema_arrow.names
+        for name, flag in ((image_column, "--image_column"), (caption_column,
+                                                              "--caption_column")):
+            if name not in columns:
+                raise ConfigError(f"{path}: no column {name!r} (its columns: {columns}); set "
+                                  f"{flag}")
+        row = 0
+        for group in range(table.num_row_groups):
+            batch = table.read_row_group(group).to_pylist()
+            for record in batch:
+                image = record.get(image_column)
+                if isinstance(image, dict):  # Hugging Face's Image feature: {"bytes", "path"}
+                    image = image.get("bytes")
+                key = record.get(key_column) if key_column in columns else row
+                caption = record.get(caption_column)
+                yield Example(str(key), image, caption if isinstance(caption, str) else None)
+                row += 1
+
+
+def clean_image(data: bytes, max_side: int | None) -> bytes:
+    """The image's bytes, verified to decode; re-encoded (RGB; JPEG, or PNG for a PNG) when it
+    is not RGB or its longer side exceeds ``max_side``. Raises on an undecodable image."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()  # a truncated or corrupt file fails here, not at training time
+        resize = max_side is not None and max(image.size) > max_side
+        if image.mode == "RGB" and not resize:
+            return data
+        source_format = image.format
+        out = image.convert("RGB")
+    if resize:
+        scale = max_side / max(out.size)
+        out = out.resize((max(1, round(out.width * scale)), max(1, round(out.height * scale))),
+                         Image.BICUBIC)
+    buffer = io.BytesIO()
+    if source_format == "PNG" and not resize:
+        out.save(buffer, format="PNG")
+    else:
+        out.save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One input shard to convert into one output shard."""
+
+    index: int
+    source: str
+    target: str  # the output shard's path
+    report: str  # written once the shard is complete
+    max_side: int | None
+    image_column: str
+    caption_column: str
+    key_column: str
+
+
+def convert_one(job: Job) -> dict:
+    """Convert one input shard into one array_record file; its report (counts by reason)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+    from tensorflow_datasets.core import example_serializer
+
+    feature = features()
+    serializer = example_serializer.ExampleSerializer(feature.get_serialized_info())
+    skipped: Counter = Counter()
+    good = 0
+    shard = os.path.basename(job.source)
+    partial = job.target + ".incomplete"
+    error = None
+    writer = ArrayRecordWriter(partial, "group_size:1")
+    try:
+        if job.source.endswith(".parquet"):
+            examples = parquet_examples(job.source, job.image_column, job.caption_column,
+                                        job.key_column)
+        else:
+            examples = tar_examples(job.source, skipped)
+        for example in examples:
+            if example.image is None:
+                skipped["no image"] += 1
+                continue
+            if example.caption is None:
+                skipped["no caption"] += 1
+                continue
+            caption = example.caption.strip()
+            if not caption:
+                skipped["empty caption"] += 1
+                continue
+            try:
+                image = clean_image(example.image, job.max_side)
+            except Exception:  # PIL raises many types for bad bytes: all mean undecodable
+                skipped["image undecodable"] += 1
+                continue
+            proto = serializer.get_tf_example(feature.encode_example({
+                "image": image, "image/filename": f"{shard}/{example.key}",
+                "captions": {"text": [caption]}, "metadata": example.metadata}))
+            # deterministic: the proto's feature map in a fixed order (else it follows the
+            # process's string hashing, and each run writes other bytes)
+            writer.write(proto.SerializeToString(deterministic=True))
+            good += 1
+    except ContrastiveJaxError:
+        raise
+    except (OSError, tarfile.TarError, ValueError) as err:  # the shard cannot be read at all
+        error = f"{type(err).__name__}: {err}"
+    finally:
+        writer.close()
+    if error is not None:  # nothing kept from an unreadable shard: an empty output shard
+        ArrayRecordWriter(partial, "group_size:1").close()
+        good = 0
+    os.replace(partial, job.target)
+    report = {"input": job.source, "examples": good, "skipped": dict(sorted(skipped.items())),
+              "error": error, "bytes": os.path.getsize(job.target)}
+    _write_json(job.report, report)
+    return report
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: the worker gets SIGKILL when the command dies (Linux's
+    ``PR_SET_PDEATHSIG``), so a converter killed with ``kill -9`` leaves no worker still
+    writing into the folder its rerun writes; a worker whose parent is already gone exits."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux/glibc: workers end when their queue closes
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def _exclusive(path: epath.Path) -> Iterator[None]:
+    """One converter per output folder (an advisory lock, released when the process ends in
+    any way)."""
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{path.parent.parent} is being written by another "
+                              "convert_shards process; wait for it or kill it") from None
+        yield
+
+
+def _write_json(path: str, data) -> None:
+    partial = path + ".incomplete"
+    with open(partial, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(partial, path)
+
+
+def convert(inputs: Sequence[str], name: str, data_dir: str, *, split: str = "train",
+            max_side: int | None = None, workers: int | None = None,
+            image_column: str = "jpg", caption_column: str = "caption",
+            key_column: str = "key", overwrite: bool = False, log=print) -> dict:
+    """Convert ``inputs`` (patterns) into ``data_dir/name/1.0.0``; returns the report."""
+
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ConfigError(f"--name {name!r}: use lower-case letters, digits and '_', starting "
+                          "with a letter (a TFDS dataset name)")
+    if max_side is not None and max_side < 1:
+        raise ConfigError(f"--max_side must be >= 1; got {max_side}")
+    if "://" in str(data_dir):
+        raise ConfigError(f"--data_dir {data_dir}: write the conversion to a local folder, then "
+                          "copy it to the bucket (gcloud storage cp -r FOLDER gs://...); the "
+                          "inputs may be gs:// paths")
+    files = input_files(inputs)
+    folder = epath.Path(data_dir) / name / VERSION
+    if folder.exists() and overwrite:
+        import shutil
+
+        shutil.rmtree(folder)
+    if (folder / "dataset_info.json").exists():
+        report = json.loads((folder / REPORT).read_text())
+        if report["inputs"] != files:
+            raise ConfigError(f"{folder} already holds a conversion of other inputs; pass "
+                              "--overwrite to replace it, or choose another --name")
+        log(f"already converted: {report['examples']:,} examples in {folder}")
+        return report
+    work = folder / WORK_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    with _exclusive(work / "lock"):
+        return _convert_locked(files, name, folder, work, split=split, max_side=max_side,
+                               workers=workers, image_column=image_column,
+                               caption_column=caption_column, key_column=key_column, log=log)
+
+
+def _convert_locked(files: list[str], name: str, folder: epath.Path, work: epath.Path, *,
+                    split: str, max_side: int | None, workers: int | None, image_column: str,
+                    caption_column: str, key_column: str, log) -> dict:
+    import tensorflow_datasets as tfds
+
+    recorded = work / "inputs.json"
+    if recorded.exists() and json.loads(recorded.read_text()) != {"inputs": files,
+                                                                   "split": split,
+                                                                   "max_side": max_side}:
+        raise ConfigError(f"{folder} holds a conversion started with other inputs or settings; "
+                          "pass --overwrite to start again, or choose another --name")
+    _write_json(str(recorded), {"inputs": files, "split": split, "max_side": max_side})
+    count = len(files)
+    template = f"{name}-{split}.array_record-{{:05d}}-of-{count:05d}"
+    jobs = [Job(i, source, str(folder / template.format(i)), str(work / f"{i:05d}.json"),
+                max_side, image_column, caption_column, key_column)
+            for i, source in enumerate(files)]
+    todo = [job for job in jobs if not (os.path.exists(job.report)
+                                        and os.path.exists(job.target))]
+    reports = {job.index: json.loads(epath.Path(job.report).read_text()) for job in jobs
+               if job not in todo}
+    if reports:
+        log(f"resuming: {len(reports)} of {count} shards already converted")
+    start = time.perf_counter()
+    done_examples = 0
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    with contextlib.ExitStack() as stack:
+        if workers == 1:  # in this process: no start-up of a worker
+            results = map(convert_one, todo)
+        else:
+            pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_die_with_parent, initargs=(os.getpid(),)))
+            results = pool.map(convert_one, todo)
+        for job, report in zip(todo, results, strict=True):
+            reports[job.index] = report
+            done_examples += report["examples"]
+            elapsed = time.perf_counter() - start
+            finished = len(reports)
+            rate = done_examples / elapsed if elapsed > 0 else 0.0
+            left = elapsed / max(1, finished - (count - len(todo))) * (count - finished)
+            log(f"shards {finished}/{count} | {done_examples:,} examples | {rate:,.0f} ex/s | "
+                f"ETA {time.strftime('%H:%M:%S', time.gmtime(left))}")
+    ordered = [reports[i] for i in range(count)]
+    skipped = Counter()
+    for report in ordered:
+        skipped.update(report["skipped"])
+    unreadable = [r["input"] for r in ordered if r["error"]]
+    total = {"inputs": files, "split": split, "max_side": max_side,
+             "examples": sum(r["examples"] for r in ordered),
+             "skipped": dict(sorted(skipped.items())), "unreadable_shards": unreadable,
+             "shards": ordered}
+    _write_json(str(folder / REPORT), total)
+    split_info = tfds.core.SplitInfo(
+        name=split, shard_lengths=[r["examples"] for r in ordered],
+        num_bytes=sum(r["bytes"] for r in ordered),
+        filename_template=tfds.core.ShardedFileTemplate(
+            data_dir=folder, template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+            dataset_name=name, split=split, filetype_suffix="array_record"))
+    tfds.folder_dataset.write_metadata(
+        data_dir=folder, features=features(), split_infos=[split_info], version=VERSION,
+        check_data=False, description=f"Image-text pairs converted from {count} shard(s) by "
+        "contrastive_jax.training.data.convert_shards.")
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in total["skipped"].items())
+    log(f"converted {total['examples']:,} examples into {folder}; skipped "
+        f"{sum(skipped.values()):,}" + (f" ({reasons})" if reasons else ""))
+    for path in unreadable:
+        error = next(r["error"] for r in ordered if r["input"] == path)
+        log(f"warning: shard {path} could not be read ({error}); its examples are missing")
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring): 0 when converted, 2 with one ``error:`` line for
+    bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m contrastive_jax.training.data.convert_shards",
+        description="Convert webdataset tar shards or parquet files of image-text pairs into a "
+                    "prepared TFDS dataset (array_record) that training reads by name.")
+    parser.add_argument("--input", action="append", required=True,
+                        help="shard paths: globs, {a,b} lists and {00000..00099} ranges, gs://; "
+                             "repeatable")
+    parser.add_argument("--name", required=True, help="the dataset's name (data.name)")
+    parser.add_argument("--data_dir", default=None,
+                        help="where prepared datasets live (data.data_dir); default as prepare")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--max_side", type=int, default=None,
+                        help="resize images whose longer side exceeds this (re-encoded JPEG)")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
+    parser.add_argument("--image_column", default="jpg", help="parquet: the image bytes")
+    parser.add_argument("--caption_column", default="caption", help="parquet: the caption")
+    parser.add_argument("--key_column", default="key", help="parquet: the key, if present")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="delete a previous conversion under this name first")
+    args = parser.parse_args(argv)
+    from contrastive_jax.training.data.prepare import resolve_data_dir
+
+    try:
+        convert(args.input, args.name, resolve_data_dir(args.data_dir), split=args.split,
+                max_side=args.max_side, workers=args.workers, image_column=args.image_column,
+                caption_column=args.caption_column, key_column=args.key_column,
+                overwrite=args.overwrite, log=lambda line: print(line, flush=True))
+    except ContrastiveJaxError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
