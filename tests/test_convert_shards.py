@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.data import convert_shards
+from contrastive_jax.training.data import convert_shards, shard_readers
 from contrastive_jax.training.data.pipeline import image_text_preprocess
 from contrastive_jax.training.data.sources import open_split
 
@@ -170,13 +170,13 @@ def test_parquet_rows_with_hugging_face_image_structs(tmp_path):
 
 
 def test_brace_ranges_globs_and_bad_input(tmp_path, capsys):
-    assert convert_shards.expand_braces("s{008..011}.tar") == [
+    assert shard_readers.expand_braces("s{008..011}.tar") == [
         "s008.tar", "s009.tar", "s010.tar", "s011.tar"]
-    assert convert_shards.expand_braces("{a,b}/{1..2}") == ["a/1", "a/2", "b/1", "b/2"]
+    assert shard_readers.expand_braces("{a,b}/{1..2}") == ["a/1", "a/2", "b/1", "b/2"]
     with pytest.raises(ConfigError, match="counts down"):
-        convert_shards.expand_braces("{9..1}")
+        shard_readers.expand_braces("{9..1}")
     with pytest.raises(ConfigError, match="matches no file"):
-        convert_shards.input_files(["/nonexistent/{0..1}.tar"])
+        shard_readers.input_files(["/nonexistent/{0..1}.tar"])
     with pytest.raises(ConfigError, match="--name"):
         convert_shards.convert(["x"], "Bad-Name", "/tmp")
     with pytest.raises(ConfigError, match="local folder"):

@@ -1,0 +1,135 @@
+"""Reading image-text shards: webdataset tars and parquet files, named by patterns.
+
+The input side of :mod:`contrastive_jax.training.data.convert_shards`: patterns expanded to files
+(brace lists and ranges, globs, ``gs://`` through ``etils.epath``), and each file read as a
+stream of :class:`Example` (key, image bytes, caption, metadata), members that are missing left
+``None`` for the converter to count. References: docs/data.md, "Your own image-text shards".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import re
+import tarfile
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+from etils import epath
+
+from contrastive_jax.errors import ConfigError
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """webdataset's brace expansion: ``{a,b}`` lists and ``{000..099}`` ranges (zero padding
+    of the first bound kept), left to right: ``"s{0..2}.tar"`` -> ``s0.tar s1.tar s2.tar``."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if numeric:
+        first, last = numeric.groups()
+        if int(last) < int(first):
+            raise ConfigError(f"brace range {{{body}}} in {pattern!r} counts down; write "
+                              f"{{{last}..{first}}}")
+        width = len(first) if first.startswith("0") else 0
+        items = [str(i).zfill(width) for i in range(int(first), int(last) + 1)]
+    else:
+        items = body.split(",")
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for item in items for expanded in expand_braces(head + item + tail)]
+
+
+def input_files(patterns: Sequence[str]) -> list[str]:
+    """Every file the patterns name (braces expanded, then globs matched), in order, without
+    repeats. A ConfigError if a pattern matches nothing."""
+    files: list[str] = []
+    for pattern in patterns:
+        for expanded in expand_braces(pattern):
+            if glob.has_magic(expanded):
+                path = epath.Path(expanded)
+                anchor = next((i for i, part in enumerate(path.parts) if glob.has_magic(part)))
+                root = epath.Path(*path.parts[:anchor])
+                matched = sorted(str(p) for p in root.glob("/".join(path.parts[anchor:])))
+            else:
+                matched = [expanded] if epath.Path(expanded).exists() else []
+            if not matched:
+                raise ConfigError(f"--input {pattern!r}: {expanded!r} matches no file")
+            files += [f for f in matched if f not in files]
+    return files
+
+
+@dataclasses.dataclass
+class Example:
+    """One image-text pair as read from a shard (``None``: the member is missing)."""
+
+    key: str
+    image: bytes | None = None
+    caption: str | None = None
+    metadata: str = ""
+
+
+def tar_examples(path: str, skipped: Counter) -> Iterator[Example]:
+    """The examples of a webdataset tar, members grouped by key (consecutive, as webdataset
+    writes them). A file that is not a tar raises ``tarfile.ReadError`` (the shard cannot be
+    read). A cut inside the tar ends it: the examples before the cut are kept; the one being
+    read when it came (which may lack a member) is dropped and counted as ``truncated shard``."""
+    current: Example | None = None
+    with epath.Path(path).open("rb") as raw:
+        tar = tarfile.open(fileobj=raw, mode="r|*")
+        try:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                folder, _, name = member.name.rpartition("/")
+                stem, _, extension = name.partition(".")
+                key = f"{folder}/{stem}" if folder else stem
+                data = tar.extractfile(member).read()
+                if current is None or key != current.key:
+                    if current is not None:
+                        yield current
+                    current = Example(key)
+                extension = extension.lower()
+                if extension in IMAGE_EXTENSIONS:
+                    current.image = data
+                elif extension == "txt":
+                    current.caption = data.decode("utf-8", errors="replace")
+                elif extension == "json":
+                    current.metadata = data.decode("utf-8", errors="replace")
+        except (tarfile.ReadError, EOFError, zlib.error):
+            skipped["truncated shard"] += 1
+            return
+    if current is not None:
+        yield current
+
+
+def parquet_examples(path: str, image_column: str, caption_column: str,
+                     key_column: str) -> Iterator[Example]:
+    """The rows of a parquet file as examples (read one row group at a time)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ConfigError("reading parquet needs pyarrow: pip install pyarrow") from err
+    with epath.Path(path).open("rb") as raw:
+        table = pq.ParquetFile(raw)
+        columns = table.schema_arrow.names
+        for name, flag in ((image_column, "--image_column"), (caption_column,
+                                                              "--caption_column")):
+            if name not in columns:
+                raise ConfigError(f"{path}: no column {name!r} (its columns: {columns}); set "
+                                  f"{flag}")
+        row = 0
+        for group in range(table.num_row_groups):
+            batch = table.read_row_group(group).to_pylist()
+            for record in batch:
+                image = record.get(image_column)
+                if isinstance(image, dict):  # Hugging Face's Image feature: {"bytes", "path"}
+                    image = image.get("bytes")
+                key = record.get(key_column) if key_column in columns else row
+                caption = record.get(caption_column)
+                yield Example(str(key), image, caption if isinstance(caption, str) else None)
+                row += 1
