@@ -14,7 +14,9 @@ program reads the prepared folder without TensorFlow. Training uses ``train+rest
 (113,287 images, the usual Karpathy training set); evaluation (retrieval Recall@k both ways,
 alignment, uniformity; the exact pair is the match) runs on ``val``; set
 ``data.eval_split=test`` for the 5k-test numbers. Images are resized (shorter side) and
-centre-cropped to 224; of an image's captions, epoch ``e`` takes caption ``e mod k``.
+centre-cropped to 224 (training: a random resized crop of 90-100% of the area, as open_clip;
+bicubic; JPEGs decoded at reduced size), sent to the device as uint8 and normalised there with
+CLIP's mean and std; of an image's captions, epoch ``e`` takes caption ``e mod k``.
 
 **Tokenizer.** A SentencePiece model built from the training captions
 (``python -m contrastive_jax.training.data.build_tokenizer --dataset=coco_captions
@@ -49,6 +51,7 @@ import ml_collections
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations, data
+from contrastive_jax.training.augmentations import pixels
 from contrastive_jax.training.config import base_config, parse
 
 # Training examples of the datasets whose step count the template derives from ``epochs``
@@ -79,14 +82,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "eval_batch_size": 2560})
     config.total_steps = v.steps or steps_for(v.data, split, v.epochs, v.batch)
     config.num_epochs = float(v.epochs)  # recorded; total_steps above is what runs
+    # decoded (JPEGs at reduced size), cropped and resized (bicubic) on the host, uint8 to the
+    # device; open_clip's training crop (a random resized crop of 90-100% of the area),
+    # the centre crop in evaluation; CLIP's mean/std applied on the device
     config.data.preprocess = {"name": "image_text", "image_key": "image",
                               "caption_key": "captions/text", "image_size": 224,
-                              "max_tokens": 32,
+                              "max_tokens": 32, "resize": "bicubic", "crop": "random",
+                              "crop_scale": (0.9, 1.0), "reduced_decode": True,
+                              "mean": pixels.CLIP_MEAN, "std": pixels.CLIP_STD,
                               "tokenizer": {"kind": "sentencepiece", "path": v.tokenizer}}
     config.input_key = "image"
     config.text_key = "caption"
     config.augment = augmentations.default_config("image")
-    config.augment.update({"resized_crop": 0.1, "shift": 0.0, "rotation": 0.0, "flip": 0.5,
+    config.augment.update({"resized_crop": 0.0, "shift": 0.0, "rotation": 0.0, "flip": 0.5,
                            "brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0,
                            "grayscale": 0.0, "blur": 0.0, "noise": 0.0, "cutout": 0.0})
     config.model = {

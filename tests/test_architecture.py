@@ -185,7 +185,9 @@ TRAINING_ROOMS = {
     "models": set(),  # Flax NNX encoders, heads, the model registry, locked towers
     "methods": {"augmentations", "models", "losses"},  # SimCLR, MoCo, CLIP, SigLIP, MI critic
     "evaluation": {"augmentations", "data", "models"},  # probes, zero-shot, retrieval
-    "step": {"methods", "models"},  # the train step, train state, accumulation, sharding
+    # the train step, train state, accumulation, sharding (augmentations: the pixel
+    # normalisation's settings, for the method's context)
+    "step": {"methods", "models", "augmentations"},
     "run": {"step", "models"},  # workdir, lock, checkpoints, config record, outputs, ...
     "config": {"step"},  # base_config (the state's sharding defaults)
     "train": {"augmentations", "data", "models", "methods", "evaluation", "step", "run",

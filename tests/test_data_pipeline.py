@@ -195,10 +195,10 @@ def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
     image = np.zeros((20, 40, 3), np.uint8)
     image[:, 20:] = 255
     out = pre({"image": image, "captions": {"text": [b"A photo of a dog.", b"other"]}})
-    assert out["image"].shape == (16, 16, 3) and out["image"].dtype == np.float32
-    np.testing.assert_array_equal(out["image"][:, :7], 0.0)
-    np.testing.assert_array_equal(out["image"][:, 9:], 1.0)
+    assert out["image"].shape == (16, 16, 3) and out["image"].dtype == np.uint8  # to the device
+    np.testing.assert_array_equal(out["image"][:, :6], 0)  # bicubic rings next to the edge
+    np.testing.assert_array_equal(out["image"][:, 10:], 255)
     # <bos> a photo of <eos> in the file's ids, cut at 5 tokens
     np.testing.assert_array_equal(out["caption"], [2, 4, 5, 6, 3])
-    with pytest.raises(ValueError, match=r"\(H, W, 3\) uint8"):
+    with pytest.raises(ConfigError, match=r"\(H, W, 3\) uint8"):
         pre({"image": image[..., 0], "captions": {"text": ["a"]}})

@@ -133,8 +133,8 @@ def test_each_epoch_takes_the_next_caption(tmp_path):
     batches = list(ds)
     assert len(batches) == 5
     for epoch, batch in enumerate(batches):
-        image_ids = batch["image"][:, 0, 0, 0] * 255
-        np.testing.assert_array_equal(batch["caption"][:, 1], np.round(image_ids) + 7)
+        image_ids = batch["image"][:, 0, 0, 0].astype(np.int32)  # uint8 pixels = the index
+        np.testing.assert_array_equal(batch["caption"][:, 1], image_ids + 7)
         np.testing.assert_array_equal(batch["caption"][:, 2], 4 + epoch % 3)
     # two processes: the same caption per (example, epoch)
     halves = [list(train_dataset(source, global_batch_size=4, seed=0, num_epochs=5,

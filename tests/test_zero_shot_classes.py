@@ -200,12 +200,14 @@ def test_zero_shot_config_errors():
 
 def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inputs():
     """The image-text template (tiny, float32) with the clip_bpe tokenizer: a classification
-    dataset's images are resized and centre-cropped to data.preprocess.image_size as in
-    training, gathered over 8 devices in order, and embed like the model on those inputs; the
+    dataset's images are resized (bicubic) and centre-cropped to data.preprocess.image_size as
+    in evaluation, normalised by data.preprocess.mean/std, gathered over 8 devices in order,
+    and embed like the model on those inputs; the
     prompts embed like the text tower on the tokenizer's rows."""
     from flax import nnx
 
-    from contrastive_jax.training.data.pipeline import resize_center_crop
+    from contrastive_jax.training.augmentations.pixels import CLIP_MEAN, CLIP_STD
+    from contrastive_jax.training.data.image_crops import center_crop
 
     spec = importlib.util.spec_from_file_location("pod", REPO / "configs" / "clip_vit_b16_pod.py")
     module = importlib.util.module_from_spec(spec)
@@ -216,6 +218,7 @@ def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inp
     config.model.dtype = "float32"
     config.model.remat = False
     config.model.text_encoder.vocab_size = 2406
+    config.data.preprocess.update({"mean": CLIP_MEAN, "std": CLIP_STD})
     graphdef, state, _ = create_state(config, 2, method_for(config))
     mesh = make_mesh({"data": 8}, jax.devices())
     state = jax.device_put(state, replicated(mesh, state))
@@ -225,7 +228,8 @@ def test_image_dataset_pass_and_clip_bpe_prompts_equal_the_model_on_prepared_inp
     x, y = run_evaluation.zero_shot_samples(graphdef, state, config, mesh, source, "image",
                                             "label", 8)
     model = nnx.merge(graphdef, state.params, state.rest)
-    images = np.stack([resize_center_crop(e["image"], 32) for e in source]) / np.float32(255)
+    images = np.stack([center_crop(e["image"], 32) for e in source]) / np.float32(255)
+    images = (images - np.float32(CLIP_MEAN)) / np.float32(CLIP_STD)  # normalised on device
     np.testing.assert_array_equal(y, [i % 5 for i in range(12)])
     np.testing.assert_allclose(x, model.embed_samples(images.astype(np.float32)),
                                rtol=1e-5, atol=1e-6)

@@ -155,6 +155,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     (:mod:`~contrastive_jax.training.run.config_record`).
     """
     method = method_for(config)  # bad method or loss settings fail before any work
+    config, lines = init_from.pretrained_preprocess(config)  # a converted CLIP's mean / std
+    for line in lines:
+        print(line, flush=True)
     workdir_path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock(workdir):
         try:

@@ -4,9 +4,9 @@ Training stream, for a split of ``n`` examples, seed ``s``, global batch ``G``, 
 processes (``jax.process_count()``; this one is ``p = jax.process_index()``)::
 
     source ─ shuffle(s) ─ repeat ─ [p::P] ─ preprocess ─ batch(G / P) ─ prefetch ─ global_batch
-    (one permutation per epoch,    (host p's      (NumPy, in          (one jax.Array
-     seed s + epoch, grain's        slice)         grain threads)       sharded over "data")
-     index shuffle)
+    (one permutation per epoch,    (host p's      (NumPy: grain        (one jax.Array
+     seed s + epoch, grain's        slice)         threads, or worker   sharded over "data")
+     index shuffle)                                processes)
 
 Positions ``k G .. (k + 1) G - 1`` of the shuffled, repeated stream form global batch ``k``;
 host ``p`` reads the positions ``= p (mod P)`` of it. So the *set* of examples in global batch
@@ -16,8 +16,16 @@ assembled with :func:`contrastive_jax.mesh.global_batch` (rows of process ``p`` 
 devices).
 
 The returned iterators are grain ``DatasetIterator`` s: ``get_state()`` / ``set_state()`` (a
-small JSON-able dict: the next position) restore the exact stream, and
-``grain.checkpoint.CheckpointSave(iterator)`` saves them with orbax (one file per process).
+small JSON-able dict: the next position, and each worker's with ``data.worker_count > 0``)
+restore the exact stream, and ``grain.checkpoint.CheckpointSave(iterator)`` saves them with
+orbax (one file per process).
+
+**Workers.** ``data.num_threads`` grain threads read and preprocess in this process;
+``data.worker_count = k > 0`` runs the pipeline up to the batches in ``k`` worker processes
+(grain's ``mp_prefetch``: worker ``i`` makes batches ``i, i + k, ...``, interleaved back in
+order), for preprocessing that holds the GIL (image decoding and resizing). The batches, their
+order and a resume are the same for any ``k``; a resumed run must keep the ``k`` of the run it
+resumes (the saved state holds each worker's position).
 
 Evaluation stream (:func:`eval_iterator`): one pass in the split's order, no shuffle, the last
 global batch padded with zero examples and a boolean ``mask`` feature (False on padding), so
@@ -40,6 +48,7 @@ from jax.sharding import Mesh
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import global_batch
+from contrastive_jax.training.data import image_crops
 from contrastive_jax.training.data.sources import open_split
 
 Example = dict[str, np.ndarray]
@@ -58,12 +67,14 @@ def default_config() -> ml_collections.ConfigDict:
         "shuffle": True,
         "num_epochs": ml_collections.FieldReference(None, field_type=int),  # None: forever
         "features": ml_collections.FieldReference(None, field_type=tuple),  # None: all
-        "num_threads": 1,              # grain reader threads per process
+        "num_threads": 1,              # grain reader threads per process (or per worker)
+        "worker_count": 0,             # grain worker processes per process (0: none)
         "prefetch": 2,                 # batches read ahead per process
         # correlated_gaussians only: dim and rho or mutual_information (nats)
         "options": {},
-        # "standard" (keep data.features, uint8 images -> [0, 1]) or "image_text" (resize,
-        # tokenise: image_text_preprocess's options)
+        # "standard" (keep data.features, uint8 images -> [0, 1]) or "image_text" (decode,
+        # crop, resize to uint8, tokenise: image_text_preprocess's options; mean and std are
+        # applied on the device: contrastive_jax.training.augmentations.pixels)
         "preprocess": {"name": "standard"},
     })
 
@@ -103,8 +114,8 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., 
     """
     keep = None if features is None else tuple(features)
 
-    def preprocess(example: Mapping, epoch: int = 0) -> Example:
-        del epoch  # the same in every epoch
+    def preprocess(example: Mapping, epoch: int = 0, position: int = 0) -> Example:
+        del epoch, position  # the same in every epoch and place of the stream
         if keep is not None:
             missing = [k for k in keep if k not in example]
             if missing:
@@ -116,32 +127,38 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., 
     return preprocess
 
 
-def resize_center_crop(image: np.ndarray, image_size: int) -> np.ndarray:
-    """(H, W, 3) uint8 -> (image_size, image_size, 3) uint8: the shorter side resized to
-    ``image_size`` (bilinear, PIL), then the centre crop."""
-    from PIL import Image
-
-    h, w = image.shape[:2]
-    scale = image_size / min(h, w)
-    size = (max(image_size, round(w * scale)), max(image_size, round(h * scale)))
-    resized = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
-    top, left = (size[1] - image_size) // 2, (size[0] - image_size) // 2
-    return resized[top:top + image_size, left:left + image_size]
+DEVICE_OPTIONS = ("mean", "std")
+"""``data.preprocess`` fields the device applies (:mod:`~contrastive_jax.training.augmentations.
+pixels`), not the host preprocessing."""
 
 
 def image_text_preprocess(*, image_key: str = "image", caption_key: str = "captions/text",
                           image_size: int = 224, max_tokens: int = 32,
                           vocabulary: str = "", tokenizer: Mapping[str, str] | None = None,
-                          vocab_size: int | None = None) -> Callable[..., Example]:
+                          vocab_size: int | None = None, resize: str = "bicubic",
+                          crop: str = "center", crop_scale: Sequence[float] = (0.9, 1.0),
+                          crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
+                          reduced_decode: bool = True, training: bool = False,
+                          seed: int = 0) -> Callable[..., Example]:
     """Image-caption example (e.g. ``coco_captions``) -> ``{"image", "caption"}``.
 
-    The image (any (H, W, 3) uint8) is resized so its shorter side is ``image_size``
-    (bilinear), centre-cropped to ``image_size`` x ``image_size`` and scaled to float32 in
-    [0, 1]. ``caption_key`` is a ``/``-separated path into the example: one text, or a list of
-    texts (``coco_captions``: ``captions/text``, 5-7 per image); of a list of ``k`` texts,
-    epoch ``e`` of the training stream takes text ``e mod k`` (so ``k`` epochs see every
-    caption of every image once; evaluation, epoch 0, the first). The text is tokenised by
-    ``tokenizer`` (``{"kind", "path"}``,
+    The image (encoded bytes, decoded here, or an (H, W, 3) uint8 array) becomes an
+    ``image_size`` x ``image_size`` x 3 **uint8** array
+    (:mod:`contrastive_jax.training.data.image_crops`): in training with
+    ``crop="random"``, a random resized crop (area fraction in ``crop_scale``, aspect ratio in
+    ``crop_ratio``; the box drawn from ``(seed, position)``, the example's place in the global
+    stream, so a resumed run, any process count and any worker count crop alike); otherwise
+    the centre crop of the image resized to ``image_size`` on its shorter side. ``resize``:
+    ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``. ``reduced_decode``: decode JPEGs at the
+    smallest DCT-reduced size that keeps the crop's resolution. The device casts the uint8
+    image to [0, 1], augments, and applies ``data.preprocess.mean`` / ``std``
+    (:mod:`contrastive_jax.training.augmentations.pixels`).
+
+    ``caption_key`` is a ``/``-separated path into the example: one text, or a list of texts
+    (``coco_captions``: ``captions/text``, 5-7 per image); of a list of ``k`` texts, epoch
+    ``e`` of the training stream takes text ``e mod k`` (so ``k`` epochs see every caption of
+    every image once; evaluation, epoch 0, the first). The text is tokenised by ``tokenizer``
+    (``{"kind", "path"}``,
     :func:`contrastive_jax.training.data.text.text_tokenizers.load_tokenizer`) or, the older
     spelling, the word vocabulary file ``vocabulary`` (default: the package's ``vocab.txt``),
     cut at ``max_tokens`` (CLIP's context length). ``vocab_size``: the text tower's embedding
@@ -153,18 +170,30 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
         raise ConfigError("set data.preprocess.tokenizer or data.preprocess.vocabulary (a word "
                           "vocabulary, the same as tokenizer = {'kind': 'words', 'path': ...}), "
                           "not both")
+    image_crops.check_resize(resize)
+    if crop not in ("center", "random"):
+        raise ConfigError(f"data.preprocess.crop must be 'center' or 'random'; got {crop!r}")
+    scale = image_crops.check_range(crop_scale, "crop_scale", 0.0)
+    ratio = image_crops.check_range(crop_ratio, "crop_ratio", 0.0)
     if tokenizer is None:
         tokenizer = {"kind": "words", "path": vocabulary}
     tokens_of = load_tokenizer(tokenizer)
     check_vocab_size(tokens_of, vocab_size)
     path = caption_key.split("/")
+    random_crop = training and crop == "random"
 
-    def preprocess(example: Mapping, epoch: int = 0) -> Example:
-        image = np.asarray(example[image_key])
-        if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
-            raise ConfigError(f"{image_key!r} must be (H, W, 3) uint8; got {image.shape} "
-                             f"{image.dtype}")
-        crop = resize_center_crop(image, image_size)
+    def preprocess(example: Mapping, epoch: int = 0, position: int = 0) -> Example:
+        if image_key not in example:
+            raise ConfigError(f"no image {image_key!r} in the example (it has "
+                              f"{sorted(example)}); change data.preprocess.image_key")
+        if random_crop:
+            rng = np.random.default_rng((seed, position))
+            image = image_crops.random_resized_crop(
+                example[image_key], image_size, rng, scale=scale, ratio=ratio, resize=resize,
+                reduced_decode=reduced_decode)
+        else:
+            image = image_crops.center_crop(example[image_key], image_size, resize=resize,
+                                            reduced_decode=reduced_decode)
         text = example
         for key in path:
             if not isinstance(text, Mapping) or key not in text:
@@ -176,7 +205,7 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                 raise ConfigError(f"an example has no caption at {caption_key!r}")
             text = text[epoch % len(text)]
         tokens = tokens_of.encode([text], max_tokens)[0]
-        return {"image": crop.astype(np.float32) / np.float32(255.0), "caption": tokens}
+        return {"image": image, "caption": tokens}
 
     return preprocess
 
@@ -184,19 +213,37 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
 PREPROCESSORS = {"standard": None, "image_text": image_text_preprocess}
 
 
-def make_preprocess(config: ml_collections.ConfigDict) -> Callable[..., Example]:
-    """The preprocessing of ``config.preprocess`` (``{"name": ..., **options}``): a function
-    ``(example, epoch=0) -> Example``."""
-    options = config.preprocess.to_dict() if hasattr(config.preprocess, "to_dict") else dict(
-        config.preprocess)
+def preprocess_options(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
+    """``(name, options)`` of ``config.preprocess`` (the ``data`` block), without the fields the
+    device applies (:data:`DEVICE_OPTIONS`)."""
+    block = config.preprocess
+    options = block.to_dict() if hasattr(block, "to_dict") else dict(block)
     name = options.pop("name", "standard")
     if name not in PREPROCESSORS:
         raise ConfigError(f"unknown data.preprocess.name {name!r}; valid: {sorted(PREPROCESSORS)}")
+    for field in DEVICE_OPTIONS:
+        options.pop(field, None)
+    return name, options
+
+
+def make_preprocess(config: ml_collections.ConfigDict, *,
+                    training: bool = False) -> Callable[..., Example]:
+    """The preprocessing of ``config.preprocess`` (``{"name": ..., **options}``): a function
+    ``(example, epoch=0, position=0) -> Example``. ``training``: the training stream's (a
+    random crop where configured), else evaluation's."""
+    name, options = preprocess_options(config)
     if name == "standard":
         if options:
             raise ConfigError(f"the standard preprocessing takes no options; got {options}")
         return standard_preprocess(config.features)
-    return PREPROCESSORS[name](**options)
+    return PREPROCESSORS[name](**options, training=training, seed=config.get("seed", 0))
+
+
+def encoded_images(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """The image features that :func:`open_split` hands over encoded: the image_text
+    preprocessing decodes its image itself (at reduced size where it can)."""
+    name, options = preprocess_options(config)
+    return (options.get("image_key", "image"),) if name == "image_text" else ()
 
 
 def _to_jax_dtype(x: np.ndarray) -> np.ndarray:
@@ -214,14 +261,17 @@ def _to_jax_dtype(x: np.ndarray) -> np.ndarray:
 def train_dataset(source, *, global_batch_size: int, seed: int, shuffle: bool = True,
                   num_epochs: int | None = None, shard: HostShard | None = None,
                   preprocess: Callable[..., Example] | None = None,
-                  read_options: grain.ReadOptions | None = None) -> grain.IterDataset:
+                  read_options: grain.ReadOptions | None = None,
+                  worker_count: int = 0) -> grain.IterDataset:
     """This host's training batches ``(global_batch_size / P, ...)`` as a grain IterDataset.
 
     ``source``: random access (``len``, ``[i]``), e.g. from :func:`open_split`. Each epoch is a
     fresh permutation (seed + epoch); ``num_epochs=None`` repeats forever. With a finite
     ``num_epochs`` the stream is cut to whole global batches, so every host gets the same
-    number of batches. ``preprocess(example, epoch)`` sees the epoch of the example's global
-    stream position (``position // len(source)``, the same for any process count).
+    number of batches. ``preprocess(example, epoch, position)`` sees the example's global
+    stream position and its epoch (``position // len(source)``), the same for any process
+    count. ``worker_count > 0``: the batches made in that many grain worker processes (the
+    same batches; module docstring).
     """
     shard = shard or HostShard.from_jax()
     local = per_host_batch_size(global_batch_size, shard)
@@ -237,17 +287,18 @@ def train_dataset(source, *, global_batch_size: int, seed: int, shuffle: bool = 
     if num_epochs is not None:
         ds = ds[: len(ds) // global_batch_size * global_batch_size]
     n = len(source)
-    ds = ds.map_with_index(lambda position, example: (position // n, example))
+    ds = ds.map_with_index(lambda position, example: (position, example))
     ds = ds[shard.index :: shard.count]
     preprocess = preprocess or standard_preprocess()
-    ds = ds.map(lambda pair: preprocess(pair[1], epoch=pair[0]))
+    ds = ds.map(lambda pair: preprocess(pair[1], epoch=pair[0] // n, position=pair[0]))
     ds = ds.batch(local, drop_remainder=True)
-    return ds.to_iter_dataset(read_options)
+    return _in_workers(ds.to_iter_dataset(read_options), worker_count, read_options)
 
 
 def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = None,
                  preprocess: Callable[..., Example] | None = None,
-                 read_options: grain.ReadOptions | None = None) -> grain.IterDataset:
+                 read_options: grain.ReadOptions | None = None,
+                 worker_count: int = 0) -> grain.IterDataset:
     """One pass over ``source`` in order; ``ceil(n / G)`` batches per host, padded, with ``mask``.
 
     Global batch ``k`` holds examples ``k G .. k G + G - 1`` (host ``p`` the ones ``= p mod P``);
@@ -266,7 +317,24 @@ def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = No
         return {**blank, "mask": np.False_}
 
     ds = grain.MapDataset.range(padded)[shard.index :: shard.count].map(example)
-    return ds.batch(local, drop_remainder=True).to_iter_dataset(read_options)
+    ds = ds.batch(local, drop_remainder=True).to_iter_dataset(read_options)
+    return _in_workers(ds, worker_count, read_options)
+
+
+def _in_workers(ds: grain.IterDataset, worker_count: int,
+                read_options: grain.ReadOptions | None) -> grain.IterDataset:
+    """``ds`` made in ``worker_count`` grain worker processes (0: in this one)."""
+    if isinstance(worker_count, bool) or not isinstance(worker_count, int) or worker_count < 0:
+        raise ConfigError(f"data.worker_count must be an integer >= 0; got {worker_count!r}")
+    if worker_count == 0:
+        return ds
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():  # grain's workers read its absl flags: their defaults
+        flags.FLAGS.mark_as_parsed()  # where no absl.app parsed them (a notebook, a test)
+    buffer = read_options.prefetch_buffer_size if read_options else 1
+    return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count,
+                                                       per_worker_buffer_size=max(1, buffer)))
 
 
 def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
@@ -279,11 +347,11 @@ def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
     """
     config = _checked(config)
     source = open_split(config.name, config.train_split, config.data_dir or None,
-                        config.options.to_dict() or None)
+                        config.options.to_dict() or None, encoded_images=encoded_images(config))
     ds = train_dataset(source, global_batch_size=config.batch_size, seed=config.seed,
                        shuffle=config.shuffle, num_epochs=config.num_epochs, shard=shard,
-                       preprocess=make_preprocess(config),
-                       read_options=_read_options(config))
+                       preprocess=make_preprocess(config, training=True),
+                       read_options=_read_options(config), worker_count=config.worker_count)
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 
 
@@ -293,10 +361,10 @@ def eval_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
     """One padded pass over ``split`` (default ``config.eval_split``) as global batches."""
     config = _checked(config)
     source = open_split(config.name, split or config.eval_split, config.data_dir or None,
-                        config.options.to_dict() or None)
+                        config.options.to_dict() or None, encoded_images=encoded_images(config))
     ds = eval_dataset(source, global_batch_size=config.eval_batch_size, shard=shard,
                       preprocess=make_preprocess(config),
-                      read_options=_read_options(config))
+                      read_options=_read_options(config), worker_count=config.worker_count)
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 
 

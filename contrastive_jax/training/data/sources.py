@@ -48,14 +48,16 @@ def prepare_command(name: str, data_dir: str) -> str:
 
 def open_split(name: str, split: str, data_dir: str | None = None,
                options: Mapping[str, Any] | None = None, *,
-               decoders: Mapping[str, Any] | None = None):
+               decoders: Mapping[str, Any] | None = None, encoded_images: tuple[str, ...] = ()):
     """A random-access source (``len``, ``[i]`` -> dict of NumPy arrays) for ``name[split]``.
 
     ``split`` may be any TFDS split expression (``"train"``, ``"train[:90%]"``,
     ``"train+restval"``, ...). ``options`` only apply to generated datasets
     (``correlated_gaussians``: ``dim``, ``rho`` or ``mutual_information``, ``num_examples``).
     ``decoders``: TFDS decoders per feature, e.g. ``{"image": tfds.decode.SkipDecoding()}``
-    to read captions without decoding images. Errors:
+    to read captions without decoding images. ``encoded_images``: features read as their
+    encoded bytes where they are TFDS ``Image`` features (a ``SkipDecoding`` decoder each; the
+    image_text preprocessing decodes them itself). Errors:
 
     - :class:`DatasetNotPreparedError` naming the dataset, the data dir and the command that
       prepares it, when a TFDS dataset is not prepared (or not in array_record format);
@@ -75,7 +77,10 @@ def open_split(name: str, split: str, data_dir: str | None = None,
     if unknown:
         raise ConfigError(f"dataset {name!r} has no split {unknown[0]!r} (in {split!r}); its "
                          f"splits: {sorted(builder.info.splits)}")
-    return builder.as_data_source(split=split, decoders=decoders)
+    features = builder.info.features
+    skip = {key: tfds.decode.SkipDecoding() for key in encoded_images
+            if key in features.keys() and isinstance(features[key], tfds.features.Image)}
+    return builder.as_data_source(split=split, decoders={**skip, **(decoders or {})} or None)
 
 
 def split_names(split: str) -> list[str]:

@@ -30,8 +30,16 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import global_batch
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.augmentations import two_views
+from contrastive_jax.training.augmentations.pixels import (
+    Pixels,
+    model_input,
+    normalize,
+    pixel_normalization,
+    unit_range,
+)
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data.pipeline import resize_center_crop, standard_preprocess
+from contrastive_jax.training.data.image_crops import center_crop
+from contrastive_jax.training.data.pipeline import standard_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
@@ -45,25 +53,28 @@ def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def _inference(graphdef, input_key: str, text_key: str, augment_json: str):
+def _inference(graphdef, input_key: str, text_key: str, augment_json: str, pixels: Pixels):
     """The jitted inference functions of one model, built once per (model, inputs, views) so
     that periodic evaluations reuse their compilations.
 
     ``features(params, rest, x)``: the encoder features; ``pairs(params, rest, batch, key)``:
     the embeddings of positive pairs (see :func:`pair_embeddings`); ``texts(params, rest,
-    tokens)``: text-tower embeddings.
+    tokens)``: text-tower embeddings. Images (uint8 or in [0, 1]) are the model's input as in
+    training: in [0, 1], the views (if any) drawn, then ``pixels``' normalisation
+    (:mod:`contrastive_jax.training.augmentations.pixels`).
     """
     augment = json.loads(augment_json)
 
     def features(params, rest, x):
-        return nnx.merge(graphdef, params, rest).features(x)
+        return nnx.merge(graphdef, params, rest).features(model_input(x, pixels))
 
     def pairs(params, rest, batch, key):
         model = nnx.merge(graphdef, params, rest)
-        x = batch[input_key]
+        x = unit_range(batch[input_key])
         if hasattr(model, "embed_texts"):
-            return model.embed_samples(x), model.embed_texts(batch[text_key])
-        v1, v2 = two_views(x, key, augment)
+            return (model.embed_samples(normalize(x, pixels)),
+                    model.embed_texts(batch[text_key]))
+        v1, v2 = (normalize(v, pixels) for v in two_views(x, key, augment))
         return model(v1, train=False)[0], model(v2, train=False)[0]
 
     def texts(params, rest, tokens):
@@ -76,7 +87,8 @@ def _inference_for(graphdef, config):
     augment = config.get("augment")
     return _inference(graphdef, config.input_key, config.get("text_key", "caption"),
                       json.dumps(None if augment is None else augment.to_dict(),
-                                 sort_keys=True))
+                                 sort_keys=True),
+                      pixel_normalization(config.data.get("preprocess")))
 
 
 def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -128,9 +140,11 @@ PROMPT_CHUNK = 256  # prompts per text-tower call (one compilation for any class
 
 
 @functools.lru_cache(maxsize=8)
-def _sample_embedder(graphdef):
-    """The jitted ``(params, rest, x) -> embed_samples(x)`` of one model."""
-    return jax.jit(lambda params, rest, x: nnx.merge(graphdef, params, rest).embed_samples(x))
+def _sample_embedder(graphdef, pixels: Pixels):
+    """The jitted ``(params, rest, x) -> embed_samples(model_input(x, pixels))`` of one
+    model."""
+    return jax.jit(lambda params, rest, x: nnx.merge(graphdef, params, rest).embed_samples(
+        model_input(x, pixels)))
 
 
 def run_tokenizer(config) -> tuple:
@@ -184,13 +198,17 @@ def _zero_shot_settings(config) -> dict:
 def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
                       label_key: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Sample-tower embeddings ``(n, d)`` and labels ``(n,)`` of every example of ``source``
-    (one padded pass, every process's rows gathered). Inputs as in training: with the
-    ``image_text`` preprocessing, an (H, W, 3) uint8 image is resized and centre-cropped to
-    ``data.preprocess.image_size`` and scaled to [0, 1]; otherwise the standard preprocessing
-    (uint8 images to [0, 1])."""
+    (one padded pass, every process's rows gathered). Inputs as in evaluation: with the
+    ``image_text`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) is centre-cropped
+    to ``data.preprocess.image_size`` uint8 with its ``resize`` and ``reduced_decode``, and
+    normalised on the device (``data.preprocess.mean`` / ``std``); otherwise the standard
+    preprocessing (uint8 images to [0, 1])."""
     pre = config.data.get("preprocess", {})
     size = pre.get("image_size", 224) if pre.get("name", "standard") == "image_text" else None
+    crop = functools.partial(center_crop, size=size, resize=pre.get("resize", "bicubic"),
+                             reduced_decode=pre.get("reduced_decode", True))
     standard = standard_preprocess((input_key, label_key))
+    label_of = standard_preprocess((label_key,))
 
     def preprocess(example, epoch: int = 0):
         del epoch
@@ -199,16 +217,13 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
             raise ConfigError(f"evaluation.zero_shot: {missing} not in the examples of the "
                               f"zero-shot dataset (it has {sorted(example)}); change "
                               "evaluation.zero_shot.input_key / label_key")
-        if size is not None:
-            image = np.asarray(example[input_key])
-            if image.ndim != 3 or image.shape[-1] != 3 or image.dtype != np.uint8:
-                raise ConfigError(f"evaluation.zero_shot: {input_key!r} must be (H, W, 3) "
-                                  f"uint8; got {image.shape} {image.dtype}")
-            example = {**example, input_key: resize_center_crop(image, size)}
+        if size is not None:  # uint8 to the device
+            return {"x": crop(example[input_key]),
+                    "label": label_of(example)[label_key]}
         out = standard(example)
         return {"x": out[input_key], "label": out[label_key]}
 
-    embed = _sample_embedder(graphdef)
+    embed = _sample_embedder(graphdef, pixel_normalization(config.data.get("preprocess")))
     xs, ys = [], []
     for batch in eval_dataset(source, global_batch_size=batch_size, preprocess=preprocess):
         batch = global_batch(batch, mesh)
@@ -231,7 +246,9 @@ def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
     """
     zs = _zero_shot_settings(config)
     templates = prompts_of.resolve_templates(zs["templates"])
-    source = open_split(zs["dataset"], zs["split"], config.data.data_dir or None)
+    image_text = config.data.get("preprocess", {}).get("name", "standard") == "image_text"
+    source = open_split(zs["dataset"], zs["split"], config.data.data_dir or None,
+                        encoded_images=(zs["input_key"],) if image_text else ())
     names = prompts_of.resolve_class_names(
         zs["class_names"],
         label_names=lambda: prompts_of.tfds_label_names(source.dataset_info, zs["label_key"]))

@@ -195,6 +195,9 @@ class MethodContext:
     # model.frozen: top-level parameters that stay fixed
     # (contrastive_jax.training.models.locked_towers)
     frozen: tuple[str, ...] = ()
+    # data.preprocess.mean/std, applied after the augmentations
+    # (contrastive_jax.training.augmentations.pixels); None: the tower reads [0, 1]
+    pixels: Any = None
 
 
 def temperature_of(model, loss: LossSettings):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.training.augmentations import augment_each
+from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import Method, MethodContext, example_keys
 from contrastive_jax.training.methods.step_metrics import contrastive_top1, first_anchors, mean_norm
 from contrastive_jax.training.models.dropout import fold_each
@@ -39,10 +40,11 @@ class _PairedTowers(Method):
         captions, as ``model(sample, tokens, train=True)``, except that a frozen tower
         (``ctx.frozen``) runs in inference mode
         (:mod:`contrastive_jax.training.models.locked_towers`)."""
-        sample, tokens = batch[ctx.input_key], batch[ctx.text_key]
+        sample, tokens = unit_range(batch[ctx.input_key]), batch[ctx.text_key]
         aug_keys, dropout_keys = example_keys(keys)
         if ctx.augment is not None:
             sample = augment_each(sample, aug_keys, ctx.augment)
+        sample = normalize(sample, ctx.pixels)
         x = model.embed_samples(sample, train=trains("sample_encoder", ctx.frozen),
                                 dropout_keys=fold_each(dropout_keys, 0))
         y = model.embed_texts(tokens, train=trains("text_encoder", ctx.frozen),

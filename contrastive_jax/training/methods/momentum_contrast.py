@@ -32,6 +32,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import moco_infonce
 from contrastive_jax.losses.normalize import l2_normalize
 from contrastive_jax.training.augmentations import augment_each
+from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (
     Method,
     MethodContext,
@@ -73,8 +74,11 @@ def enqueue(queue: jax.Array, pointer: jax.Array, keys: jax.Array) -> tuple[jax.
 
 
 def _view(x, aug_keys, view: int, ctx: MethodContext):
-    """View ``view`` of :func:`~contrastive_jax.training.augmentations.two_views_each`."""
-    return augment_each(x, jax.vmap(jax.random.split)(aug_keys)[:, view], ctx.augment)
+    """View ``view`` of :func:`~contrastive_jax.training.augmentations.two_views_each`, on
+    ``[0, 1]`` pixels, then normalised (:mod:`~contrastive_jax.training.augmentations.pixels`)."""
+    view = augment_each(unit_range(x), jax.vmap(jax.random.split)(aug_keys)[:, view],
+                        ctx.augment)
+    return normalize(view, ctx.pixels)
 
 
 @dataclasses.dataclass(frozen=True)

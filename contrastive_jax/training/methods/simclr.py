@@ -12,6 +12,7 @@ import math
 import jax.numpy as jnp
 
 from contrastive_jax.training.augmentations import two_views_each
+from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (
     Method,
     MethodContext,
@@ -30,7 +31,8 @@ class SimCLR(Method):
 
     def embed(self, model, batch, keys, ctx: MethodContext):
         aug_keys, dropout_keys = example_keys(keys)
-        v1, v2 = two_views_each(batch[ctx.input_key], aug_keys, ctx.augment)
+        v1, v2 = two_views_each(unit_range(batch[ctx.input_key]), aug_keys, ctx.augment)
+        v1, v2 = normalize(v1, ctx.pixels), normalize(v2, ctx.pixels)
         n = v1.shape[0]
         z, h = model(jnp.concatenate([v1, v2]), train=True,
                      dropout_keys=jnp.concatenate([fold_each(dropout_keys, 0),

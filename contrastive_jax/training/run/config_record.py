@@ -17,7 +17,12 @@ sides before comparing), so a workdir keeps resuming across a rename of its conf
 - ``model.name`` ``"simclr"`` / ``"moco"`` -> ``"projected_encoder"`` (one model for both,
   :data:`~contrastive_jax.training.models.DEPRECATED_MODEL_NAMES`);
 - ``model.momentum`` -> ``moco.momentum``, ``model.queue_size`` -> ``moco.queue_size`` (MoCo's
-  settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`).
+  settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`);
+- fields added since, at the value that reproduces the old run (:data:`ADDED_FIELDS`:
+  ``data.worker_count`` = 0).
+
+``data.worker_count`` never changes on a resume, even when accepted: the saved data stream
+holds each worker's position, so another count cannot continue it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from contrastive_jax.training.models import DEPRECATED_MODEL_NAMES, MOVED_TO_MET
 from contrastive_jax.training.run import json_output
 
 RECORD = "config.json"
+ADDED_FIELDS = {("data", "worker_count"): 0}  # fields records before them lack: their value
+FIXED_ON_RESUME = ("data.worker_count",)
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
               "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir", "mesh",
               "sharding")
@@ -64,6 +71,9 @@ def upgrade(record: Mapping) -> dict[str, Any]:
     (``model.momentum`` -> ``moco.momentum``, ...) moved there (see the module docstring).
     Today's records come back unchanged."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in record.items()}
+    for (block, name), value in ADDED_FIELDS.items():
+        if isinstance(out.get(block), dict):
+            out[block].setdefault(name, value)
     model = out.get("model")
     if not isinstance(model, dict):
         return out
@@ -110,6 +120,12 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     if resuming_from is None or not path.exists():
         return []
     diff = changes(upgrade(json.loads(path.read_text())), upgrade(plain(config)))
+    for key, a, b in diff:
+        if key in FIXED_ON_RESUME:
+            raise ConfigError(
+                f"{key} was {a!r} when the checkpoints in {workdir} were written; a resume must "
+                f"keep it (the saved data stream holds each worker's position): set {key}={a!r}"
+                ", or use a new --workdir")
     if diff and not accept_change:
         lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:12])
         more = f" (and {len(diff) - 12} more)" if len(diff) > 12 else ""

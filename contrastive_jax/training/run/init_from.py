@@ -324,3 +324,36 @@ def initialize(state, graphdef, config, method) -> tuple[Any, list[str]]:
     model = nnx.merge(graphdef, params, rest, copy=True)
     extra = method.init_extra(model, params, rest, config)
     return state.replace(params=params, rest=rest, extra=extra), messages
+
+
+PREPROCESS_FILE = "preprocess.json"  # converters' pixel settings (converted_directory.py)
+PIXEL_FIELDS = ("mean", "std")
+
+
+def pretrained_preprocess(config) -> tuple[Any, list[str]]:
+    """``(config, messages)``: ``data.preprocess.mean`` / ``std`` filled from the first
+    ``model.init_from`` path that is a converted checkpoint with a ``preprocess.json`` (CLIP's
+    values for a converted CLIP), where the config is an ``image_text`` one and sets neither; a
+    copy of ``config`` if it changes. Read at every start, fresh or resumed (a small JSON file,
+    not the weights); set the fields in the config to depend on nothing. A config that sets
+    other values than the checkpoint's keeps them, with a warning."""
+    preprocess = config.get("data", {}).get("preprocess", {})
+    if preprocess.get("name", "standard") != "image_text":
+        return config, []
+    for spec in init_specs(config.model.get("init_from", "")):
+        path = epath.Path(spec.path) / PREPROCESS_FILE
+        if not path.exists() or not (epath.Path(spec.path) / "model.json").exists():
+            continue
+        stored = {k: v for k, v in _json(path).items() if k in PIXEL_FIELDS}
+        given = {k: preprocess.get(k) for k in PIXEL_FIELDS if preprocess.get(k) is not None}
+        if given:
+            same = all(np.allclose(given.get(k, np.nan), stored.get(k, np.nan))
+                       for k in PIXEL_FIELDS)
+            return config, [] if same else [
+                f"warning: data.preprocess mean/std {given} differ from those the converted "
+                f"checkpoint expects ({path}: {stored}); keeping the config's"]
+        config = config.copy_and_resolve_references()
+        config.data.preprocess.update(stored)
+        return config, [f"data.preprocess.mean / std from {path} (the pixels the converted "
+                        f"model expects): mean {stored.get('mean')}, std {stored.get('std')}"]
+    return config, []

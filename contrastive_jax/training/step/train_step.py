@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.mesh import DATA_AXIS
+from contrastive_jax.training.augmentations.pixels import pixel_normalization
 from contrastive_jax.training.methods import Method, MethodContext
 from contrastive_jax.training.models.locked_towers import frozen_names, keep_frozen
 from contrastive_jax.training.step.accumulation import accumulation_steps, step_gradients
@@ -76,10 +77,12 @@ def make_context(config, mesh: Mesh, graphdef, method: Method) -> MethodContext:
     """What the method needs from the config (static under ``jit``); the loss settings are the
     method's own, parsed once by :func:`~contrastive_jax.training.methods.method_for`."""
     augment = config.get("augment")
+    data = config.get("data") or {}
     return MethodContext(loss=method.loss_settings, mesh=mesh,
                          input_key=config.input_key, text_key=config.get("text_key", "caption"),
                          augment=None if augment is None else augment.to_dict(),
-                         graphdef=graphdef, frozen=frozen_names(config.model))
+                         graphdef=graphdef, frozen=frozen_names(config.model),
+                         pixels=pixel_normalization(data.get("preprocess")))
 
 
 def compiled_step(config, mesh: Mesh, graphdef, state: TrainState,

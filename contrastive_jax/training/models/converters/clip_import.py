@@ -16,6 +16,8 @@ from the tensors' shapes (:func:`architecture`), every tensor is mapped to a par
                      architecture with build_model
     DIR/params/      orbax StandardCheckpointer save of nnx.to_pure_dict of the model's
                      nnx.Param state (float32)
+    DIR/preprocess.json  the pixels the model expects: CLIP's mean and std, bicubic, its
+                     image size (a run starting from DIR takes the mean and std)
 
 What cannot be matched is a :class:`ConfigError` naming the first tensor concerned: one with a
 shape the architecture does not predict, one the architecture needs that is missing, or one no
@@ -355,7 +357,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         config, params = convert(args.checkpoint, quick_gelu=args.quick_gelu,
                                  vision_heads=args.vision_heads, text_heads=args.text_heads,
                                  allow_torchscript=args.allow_torchscript)
-        save_converted(args.output, config, params)
+        vit = config["sample_encoder"]
+        save_converted(args.output, config, params, preprocess={
+            "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD), "resize": "bicubic",
+            "image_size": vit["image_size"]})
     except ContrastiveJaxError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,5 +1,8 @@
-"""A converted model on disk: ``DIR/model.json`` (the ``model`` block that builds it) and
-``DIR/params`` (its parameters, an orbax ``StandardCheckpointer`` tree).
+"""A converted model on disk: ``DIR/model.json`` (the ``model`` block that builds it),
+``DIR/params`` (its parameters, an orbax ``StandardCheckpointer`` tree) and, where the model
+expects a pixel normalisation, ``DIR/preprocess.json`` (``data.preprocess`` fields: ``mean``,
+``std``, ``resize``, ``image_size``; a run that starts from the directory takes ``mean`` and
+``std`` from it, :func:`contrastive_jax.training.run.init_from.pretrained_preprocess`).
 
 The converters (:mod:`.clip_import`) write it; ``model.init_from`` and
 :func:`load_converted` read it (docs/pretrained.md).
@@ -14,12 +17,15 @@ from typing import Any
 
 from contrastive_jax.errors import ConfigError
 
+PREPROCESS_FILE = "preprocess.json"
+
 
 def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
-                   params: Mapping[str, Any]) -> None:
-    """Write ``out_dir/model.json`` (``model_config``) and ``out_dir/params`` (orbax
-    ``StandardCheckpointer``). ``out_dir`` must not exist or be empty (nothing is
-    overwritten)."""
+                   params: Mapping[str, Any],
+                   preprocess: Mapping[str, Any] | None = None) -> None:
+    """Write ``out_dir/model.json`` (``model_config``), ``out_dir/params`` (orbax
+    ``StandardCheckpointer``) and, if given, ``out_dir/preprocess.json``. ``out_dir`` must not
+    exist or be empty (nothing is overwritten)."""
     import orbax.checkpoint as ocp
 
     out_dir = os.path.abspath(os.fspath(out_dir))
@@ -30,7 +36,11 @@ def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(out_dir, "params"), dict(params))
     checkpointer.wait_until_finished()
-    with open(os.path.join(out_dir, "model.json"), "w") as f:
+    if preprocess is not None:
+        with open(os.path.join(out_dir, PREPROCESS_FILE), "w") as f:
+            json.dump(dict(preprocess), f, indent=2)
+            f.write("\n")
+    with open(os.path.join(out_dir, "model.json"), "w") as f:  # last: the directory is complete
         json.dump(dict(model_config), f, indent=2)
         f.write("\n")
 
