@@ -40,9 +40,15 @@ The loss is the exact CLIP loss with negatives passed round a ring of all device
 O(N d / D) per device, contrastive_jax.losses.sharded), so the 32768 x 32768 logits are never
 built anywhere.
 
-Variants: ``data`` (TFDS name), ``batch``, ``epochs``, ``steps``, ``strategy``, ``tokenizer``,
-``tiny`` (a few-KB model, batch 16, one step: the test suite runs it on 8 CPU devices on mock
-``coco_captions``).
+**Your own shards** (docs/data.md "Your own image-text shards"): ``shards=NAME,steps=N`` trains
+on a dataset written by ``python -m contrastive_jax.training.data.convert_shards --name=NAME``
+(one ``train`` split): its first ``heldout`` (default 5000) examples are the evaluation split
+(``train[:5000]``), the rest the training split (``train[5000:]``).
+
+Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
+``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``tiny`` (a few-KB model, batch 16, one
+step: the test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
+``python -m contrastive_jax.training.data.prepare --mock coco_captions``).
 """
 
 import math
@@ -71,13 +77,18 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    v = parse(arg, data="coco_captions", batch=32768, epochs=100, steps=0, strategy="ring",
-              tokenizer="", accumulation=1, tiny=False)
+    v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
+              steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False)
     config = base_config()
     config.data = data.default_config()
-    split = TRAIN_SPLIT.get(v.data, "train")
-    config.data.update({"name": v.data, "batch_size": v.batch, "num_threads": 16,
-                        "prefetch": 4, "train_split": split, "eval_split": "val",
+    split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
+    if v.shards:  # a dataset written by convert_shards: one split, its first examples held out
+        if not v.steps:
+            raise ConfigError(f"shards={v.shards}: give the step count with the variant steps=N "
+                              "(the template does not know the dataset's size)")
+        split, eval_split = f"train[{v.heldout}:]", f"train[:{v.heldout}]"
+    config.data.update({"name": v.shards or v.data, "batch_size": v.batch, "num_threads": 16,
+                        "prefetch": 4, "train_split": split, "eval_split": eval_split,
                         # a multiple of 256 devices; val's 5000 images in 2 padded batches
                         "eval_batch_size": 2560})
     config.total_steps = v.steps or steps_for(v.data, split, v.epochs, v.batch)

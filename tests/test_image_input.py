@@ -309,3 +309,24 @@ def test_a_resume_keeps_the_worker_count(tmp_path):
                                               r".*set data\.worker_count=0"):
             check_config(config, tmp_path, resuming_from=3, accept_change=accept)
     assert check_config(config, tmp_path, resuming_from=None) == []  # a fresh run may set it
+
+
+def test_the_pod_template_reads_converted_shards(shards_dataset):
+    from test_train import load_config
+
+    from contrastive_jax.mesh import make_mesh
+    from contrastive_jax.training.data import eval_iterator, train_iterator
+
+    data_dir, name = shards_dataset
+    with pytest.raises(ConfigError, match=r"shards=tiny_shards: give the step count"):
+        load_config(f"clip_vit_b16_pod.py:shards={name}")
+    config = load_config(f"clip_vit_b16_pod.py:tiny,shards={name},heldout=4,steps=1")
+    assert (config.data.train_split, config.data.eval_split) == ("train[4:]", "train[:4]")
+    config.data.update({"data_dir": data_dir, "batch_size": 8, "eval_batch_size": 8})
+    config.data.preprocess.tokenizer = {"kind": "words", "path": ""}
+    mesh = make_mesh({"data": 8}, jax.devices())
+    batch = next(train_iterator(config.data, mesh))
+    assert batch["image"].shape == (8, 32, 32, 3) and batch["image"].dtype == jnp.uint8
+    assert batch["caption"].shape == (8, 12)
+    held = next(eval_iterator(config.data, mesh))
+    assert np.asarray(held["mask"]).tolist() == [True] * 4 + [False] * 4  # 4 held out, padded

@@ -1,77 +1,28 @@
 """The pod template end to end on mock ``coco_captions``: its real TFDS features, array_record,
 read without TensorFlow, a SentencePiece tokenizer built by the command from the mock captions.
 
-``tfds.testing.mock_data`` cannot serve this path: it needs the dataset's TFDS code, and
-``coco_captions``' code needs TensorFlow (its ``image/id`` feature is ``tf.int64``), which is
-not a dependency; and it patches the reader, so the trainer's real read of prepared files
-would go untested. Instead the real ``CocoCaptions`` builder (its ``_info`` run with
-``tf.int64`` read as ``np.int64``) writes a tiny prepared copy, with the real splits and
-features, whose examples are ``tfds.testing``'s ``RandomFakeGenerator`` mock examples (the
-ones ``mock_data`` yields), made encodable: images as PIL images (JPEG encoding needs
-TensorFlow for arrays), the sub-features of a sequence cut to one length, boxes ordered.
+The mock is written by the command the docs give for the tiny run (``prepare --mock
+coco_captions``, :mod:`contrastive_jax.training.data.mock_datasets`): the real builder's
+features and splits, ``tfds.testing``'s random examples.
 """
 
 import math
-import types
-from unittest import mock
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
-from PIL import Image
-from tensorflow_datasets.object_detection import coco, coco_captions
-from tensorflow_datasets.testing.mocking import RandomFakeGenerator
 from test_train import load_config
 
 from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
 from contrastive_jax.training import train
 from contrastive_jax.training.data import build_tokenizer
+from contrastive_jax.training.data.mock_datasets import MOCK_SPLITS
 from contrastive_jax.training.data.pipeline import (
     HostShard,
     image_text_preprocess,
     train_dataset,
 )
+from contrastive_jax.training.data.prepare import main as prepare_main
 from contrastive_jax.training.data.sources import open_split, prepared_dir
-
-MOCK_SPLITS = {"train": 24, "restval": 8, "val": 16, "test": 4}
-
-
-
-def encodable(feature, value):
-    """A RandomFakeGenerator value that the feature can encode without TensorFlow."""
-    if isinstance(feature, tfds.features.Image):
-        return Image.fromarray(np.asarray(value))
-    if isinstance(feature, tfds.features.BBoxFeature):
-        v = np.asarray(value)
-        return np.concatenate([np.minimum(v[..., :2], v[..., 2:]),
-                               np.maximum(v[..., :2], v[..., 2:])], axis=-1)
-    if isinstance(feature, tfds.features.FeaturesDict):
-        return {k: encodable(feature[k], v) for k, v in value.items()}
-    if isinstance(feature, tfds.features.Sequence) and isinstance(
-            feature.feature, tfds.features.FeaturesDict):
-        n = min(len(v) for v in value.values())
-        return {k: encodable(feature.feature[k], v[:n]) for k, v in value.items()}
-    return value
-
-
-with tfds.core.registered.skip_registration():
-    class MockCocoCaptions(coco_captions.CocoCaptions):
-        """The real builder (name, config 2014, version, features); mock examples."""
-
-        name = "coco_captions"
-
-        def _split_generators(self, dl_manager):
-            return {split: self._generate_examples(split, n) for split, n in MOCK_SPLITS.items()}
-
-        def _generate_examples(self, split, n):
-            examples = RandomFakeGenerator(self.info.features, n, seed=len(split))
-            for i, example in enumerate(examples):
-                yield i, encodable(self.info.features, example)
-
-
-def prepare_mock_coco(data_dir: str) -> None:
-    with mock.patch.object(coco, "tf", types.SimpleNamespace(int64=np.int64)):
-        MockCocoCaptions(data_dir=data_dir, file_format="array_record").download_and_prepare()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +30,7 @@ def mock_coco(tmp_path_factory):
     """``(data_dir, tokenizer model)``: mock coco_captions prepared, and a SentencePiece model
     built from its train+restval captions by the command line's ``main``."""
     data_dir = str(tmp_path_factory.mktemp("tfds"))
-    prepare_mock_coco(data_dir)
+    assert prepare_main(["--mock", "coco_captions", f"--data_dir={data_dir}"]) == 0
     model = str(tmp_path_factory.mktemp("tokenizer") / "coco.model")
     assert build_tokenizer.main([
         "--dataset=coco_captions", f"--data_dir={data_dir}", "--split=train+restval",

@@ -15,6 +15,11 @@ Command line (the command named by the "not prepared" errors)::
 
     python -m contrastive_jax.training.data.prepare mnist1d digits digit_captions/mnist1d \\
         [--data_dir=DIR]
+    python -m contrastive_jax.training.data.prepare --mock coco_captions [--data_dir=DIR]
+
+``--mock coco_captions`` writes a tiny copy of ``coco_captions`` with random examples (the
+real builder's features and splits; :mod:`~contrastive_jax.training.data.mock_datasets`), for
+the pod template's ``tiny`` variant.
 
 The data dir is, in order: ``--data_dir`` / the config's ``data.data_dir``, the
 ``CONTRASTIVE_JAX_DATA_DIR`` environment variable, ``$XDG_CACHE_HOME/contrastive_jax/datasets``
@@ -173,13 +178,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m contrastive_jax.training.data.prepare",
         description="Prepare this package's datasets (offline) into a TFDS data dir.")
-    parser.add_argument("names", nargs="*", default=list(LOCAL_NAMES),
-                        help=f"datasets to prepare (default: all of {list(LOCAL_NAMES)})")
+    parser.add_argument("names", nargs="*",
+                        help=f"datasets to prepare (default, without --mock: all of "
+                             f"{list(LOCAL_NAMES)})")
     parser.add_argument("--data_dir", default=None,
                         help=f"TFDS data dir (default: {default_data_dir()})")
     parser.add_argument("--overwrite", action="store_true",
                         help="generate again even if prepared (damaged record files)")
+    parser.add_argument("--mock", action="append", default=[], metavar="NAME",
+                        help="write a tiny copy of a real dataset with random examples "
+                             "(coco_captions), for the pod template's tiny variant")
     args = parser.parse_args(argv)
+    if args.mock:
+        from contrastive_jax.training.data import mock_datasets
+
+        unknown = [m for m in args.mock if m not in mock_datasets.MOCKS]
+        if unknown:
+            parser.error(f"no mock of {unknown[0]!r}; mocks: {list(mock_datasets.MOCKS)}")
+        data_dir = resolve_data_dir(args.data_dir)
+        tfds.display_progress_bar(False)
+        for name in args.mock:
+            with _quiet_tfds():
+                builder = mock_datasets.prepare_mock(name, data_dir)
+            splits = {s: info.num_examples for s, info in builder.info.splits.items()}
+            print(f"{name} (mock, random examples): {builder.data_dir} {splits}")
+    elif not args.names:
+        args.names = list(LOCAL_NAMES)
     for name in args.names:
         if not is_local(name):
             parser.error(f"{name!r} is not one of {list(LOCAL_NAMES)}; other TFDS datasets "

@@ -120,7 +120,7 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
     if resuming_from is None or not path.exists():
         return []
     diff = changes(upgrade(json.loads(path.read_text())), upgrade(plain(config)))
-    for key, a, b in diff:
+    for key, a, _ in diff:
         if key in FIXED_ON_RESUME:
             raise ConfigError(
                 f"{key} was {a!r} when the checkpoints in {workdir} were written; a resume must "
