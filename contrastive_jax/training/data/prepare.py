@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 import tensorflow_datasets as tfds
+from etils import epath
 
 # Importing the modules registers the builders with TFDS.
 from contrastive_jax.errors import ConfigError, DataError
@@ -92,6 +93,15 @@ def prepare(name: str, data_dir: str | None = None, *, verbose: bool = True,
         ready = not overwrite and _complete(builder)
     if ready:
         return builder
+    if "://" in data_dir:  # a bucket: read there, never built there (no lock, no rename)
+        from contrastive_jax.errors import DatasetNotPreparedError
+
+        raise DatasetNotPreparedError(
+            f"dataset {name!r} is not prepared in data_dir {data_dir} "
+            f"({_damage(builder) if epath.Path(builder.data_dir).exists() else 'not there'}); "
+            "prepare it on a local disk and copy it:\n"
+            f"    python -m contrastive_jax.training.data.prepare {name} --data_dir=DIR\n"
+            f"    gcloud storage cp -r DIR/{name.split('/')[0]} {data_dir}/")
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     with _lock(Path(data_dir) / f"{name.replace('/', '.')}.lock"), _quiet_tfds():
         builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
@@ -129,7 +139,7 @@ def _complete(builder: tfds.core.DatasetBuilder) -> bool:
 
 def _damage(builder: tfds.core.DatasetBuilder) -> str:
     """What is wrong with a prepared copy ('' if nothing visible without reading it)."""
-    version_dir = Path(builder.data_dir)
+    version_dir = epath.Path(builder.data_dir)  # local or gs://
     if not (version_dir / "dataset_info.json").exists():
         return "no dataset_info.json"
     splits = builder.info.splits

@@ -13,7 +13,9 @@ generated on the fly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -32,6 +34,8 @@ from contrastive_jax.training.data.datasets.correlated_gaussians import (
 from contrastive_jax.training.data.prepare import is_local, prepare, resolve_data_dir
 
 GENERATED = ("correlated_gaussians",)
+STORAGE_TIMEOUT_S = 120.0  # the longest wait for a bucket's first answer (open_split)
+STORAGE_TIMEOUT_ENV = "CONTRASTIVE_JAX_STORAGE_TIMEOUT_S"
 RANDOM_ACCESS_FORMATS = ("array_record", "parquet")  # what tfds.data_source can read
 # Options of the generated dataset (config fields ``data.<option>``); rho or mutual_information.
 GAUSSIAN_OPTIONS = {"dim": 20, "rho": None, "mutual_information": None,
@@ -61,7 +65,9 @@ def open_split(name: str, split: str, data_dir: str | None = None,
 
     - :class:`DatasetNotPreparedError` naming the dataset, the data dir and the command that
       prepares it, when a TFDS dataset is not prepared (or not in array_record format);
-    - ``ValueError`` for an unknown name or split.
+    - ``ValueError`` for an unknown name or split;
+    - :class:`DataError` when a ``gs://`` data dir does not answer within the bounded wait
+      (:func:`within_timeout`: opening the split and reading its first record).
     """
     if name in GENERATED:
         return _gaussians(split, dict(options or {}))
@@ -69,6 +75,56 @@ def open_split(name: str, split: str, data_dir: str | None = None,
         raise ConfigError(f"options {sorted(options)} only apply to {GENERATED}; "
                          f"remove them for {name!r}")
     data_dir = resolve_data_dir(data_dir)
+    if "://" in data_dir:  # a bucket: every remote call within a bounded wait
+        try:
+            return within_timeout(
+                lambda: _first_read(_open(name, split, data_dir, decoders, encoded_images)),
+                f"opening {name}[{split}] in {data_dir}")
+        except DataError:
+            raise
+        except FileNotFoundError as err:  # the storage client's word for a missing bucket
+            raise DatasetNotPreparedError(
+                f"data_dir {data_dir} does not exist ({type(err).__name__}: {err}): check the "
+                f"bucket's name, or copy the prepared dataset {name!r} there") from None
+    return _open(name, split, data_dir, decoders, encoded_images)
+
+
+def within_timeout(call: Callable[[], Any], what: str, seconds: float | None = None) -> Any:
+    """``call()``, or a :class:`DataError` if it does not return within ``seconds`` (default
+    ``$CONTRASTIVE_JAX_STORAGE_TIMEOUT_S``, else :data:`STORAGE_TIMEOUT_S`): a storage client
+    that cannot reach its server retries for many minutes without a word. The call runs in a
+    daemon thread, left behind on a timeout."""
+    seconds = float(os.environ.get(STORAGE_TIMEOUT_ENV, STORAGE_TIMEOUT_S)
+                    if seconds is None else seconds)
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["value"] = call()
+        except BaseException as err:  # handed to the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="storage-call")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise DataError(
+            f"{what} did not answer within {seconds:.0f} s. Check that the bucket exists and "
+            "that this machine reaches Cloud Storage (network, credentials: `gcloud storage ls "
+            f"{what.rsplit(' in ', 1)[-1]}`); {STORAGE_TIMEOUT_ENV}=SECONDS waits longer.")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _first_read(source):
+    """``source``, after reading its first record (where a remote read would hang)."""
+    if len(source):
+        source[0]
+    return source
+
+
+def _open(name: str, split: str, data_dir: str, decoders, encoded_images):
     if is_local(name):
         builder = prepare(name, data_dir)
     else:
