@@ -3,7 +3,9 @@
     python tests/forked_command_lines.py < commands.json > results.json
 
 ``commands.json`` is a list of ``{"args": [...], "env": {...}}``: the arguments after
-``-m contrastive_jax.main`` and the environment variables to set. The interpreter imports the
+``-m contrastive_jax.main`` and the environment variables to set; ``"bug": "message"`` makes
+that child's ``train.train_and_evaluate`` raise ``RuntimeError(message)`` (a bug in the
+trainer, to check what the command line does with one). The interpreter imports the
 command line (and the trainer it imports) once, then forks one child per command: the child
 parses its own flags (the parent never parses any) and runs ``main.run()``, as
 ``python -m contrastive_jax.main`` does, with its stdout and stderr in files; its exit status
@@ -19,7 +21,8 @@ import tempfile
 import traceback
 
 
-def run_in_child(args: list[str], env: dict[str, str], out_path: str, err_path: str) -> int:
+def run_in_child(args: list[str], env: dict[str, str], out_path: str, err_path: str,
+                 bug: str | None = None) -> int:
     """Fork; in the child, run the command line with ``args`` and exit with its status."""
     pid = os.fork()
     if pid:
@@ -34,6 +37,13 @@ def run_in_child(args: list[str], env: dict[str, str], out_path: str, err_path: 
         sys.argv = ["contrastive_jax.main", *args]
         from contrastive_jax import main
 
+        if bug is not None:
+            from contrastive_jax.training import train
+
+            def raise_bug(config, workdir, **options):
+                raise RuntimeError(bug)
+
+            train.train_and_evaluate = raise_bug
         try:
             main.run()
             code = 0
@@ -60,7 +70,8 @@ def main() -> None:
         out_path, err_path = os.path.join(folder, "out"), os.path.join(folder, "err")
         for command in commands:
             sys.stdout.flush()
-            code = run_in_child(command["args"], command.get("env", {}), out_path, err_path)
+            code = run_in_child(command["args"], command.get("env", {}), out_path, err_path,
+                                command.get("bug"))
             with open(out_path) as out, open(err_path) as err:
                 results.append({"returncode": code, "stdout": out.read(), "stderr": err.read()})
     print(json.dumps(results))

@@ -7,9 +7,14 @@ the data iterator) written before the package was rearranged into its current fo
 must end with the same parameters, bit for bit, as the uninterrupted run did then. XLA:CPU
 compiles for the host's vector instructions, so the digest depends on whether the host has
 AVX-512 (the fixture's host had); ``expected.json`` records both and how each was obtained.
+
+The same run, compiled as a user's run is, also shows that the command line fills its
+persistent compilation cache (the suite's XLA flags bring the train step under the cache's
+one-second threshold: tests/xla_environment.py).
 """
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -29,7 +34,8 @@ def test_a_workdir_from_the_previous_layout_resumes_bit_identical(tmp_path):
                "--config=configs/moco_mnist1d.py:quick", f"--workdir={workdir}",
                "--config.total_steps=4", "--config.checkpoint_every=2",
                "--config.evaluation.enabled=False"]
-    env = child_environment(xla_defaults=True)  # one device and default flags, as written
+    env = {**child_environment(xla_defaults=True),  # one device and default flags, as written
+           "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}  # its own, empty
     out = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -38,6 +44,7 @@ def test_a_workdir_from_the_previous_layout_resumes_bit_identical(tmp_path):
     assert results["resumed_from"] == 2 and results["steps"] == expected["steps"]
     key = "params_sha256" if _has_avx512() else "params_sha256_without_avx512"
     assert results["params_sha256"] == expected[key]
+    assert os.listdir(tmp_path / "cache")  # the train step took over a second to compile
 
 
 def _has_avx512() -> bool:

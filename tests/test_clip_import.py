@@ -54,12 +54,19 @@ def outputs(model, images, texts):
     return x, y, jnp.exp(model.log_scale[...]) * normal(x) @ normal(y).T
 
 
+@nnx.jit
+def jitted_outputs(model, images, texts):
+    """:func:`outputs` as one jitted program (op by op, each op of the towers was a compile of
+    its own)."""
+    return outputs(model, images, texts)
+
+
 @pytest.mark.parametrize("path,quick_gelu", [(QUICK, None), (EXACT, False)])
 def test_forward_parity_with_open_clip(path, quick_gelu):
     config, params = clip_import.convert(path, quick_gelu=quick_gelu, **HEADS)
     reference = np.load(path.with_suffix(".npz"))
     model = model_with(config, params)
-    x, y, logits = outputs(model, reference["images"], reference["texts"])
+    x, y, logits = jitted_outputs(model, reference["images"], reference["texts"])
     assert x.dtype == y.dtype == jnp.float32
     errors = [rel_error(x, reference["image_features"]),
               rel_error(y, reference["text_features"]),
@@ -151,8 +158,7 @@ def test_float64_equals_numpy_transcription_of_clip(path, quick_gelu):
         config, params = clip_import.convert_state_dict(tensors, quick_gelu=quick_gelu, **HEADS)
         model = model_with(config, jax.tree.map(lambda a: np.asarray(a, np.float64), params))
         images = reference["images"].astype(np.float64)
-        x = model.embed_samples(jnp.asarray(images))
-        y = model.embed_texts(jnp.asarray(reference["texts"]))
+        x, y, _ = jitted_outputs(model, jnp.asarray(images), jnp.asarray(reference["texts"]))
         assert x.dtype == y.dtype == jnp.float64
         t64 = {k: v.astype(np.float64) for k, v in tensors.items()}
         want_x, want_y = reference_forward(t64, images, reference["texts"],
@@ -190,9 +196,12 @@ def test_remat_gives_the_same_gradients_float64():
         config, params = clip_import.convert(QUICK, **HEADS)
         params = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
         images = jnp.asarray(reference["images"], jnp.float64)
-        plain = clip_loss_grads(model_with(config, params), images, reference["texts"])
-        remat = clip_loss_grads(model_with(config, params, remat=True), images,
-                                reference["texts"])
+        # both gradients in one jitted program (op by op, each op of the two backward passes
+        # was a dispatch of its own)
+        plain, remat = nnx.jit(lambda a, b, x, t: (clip_loss_grads(a, x, t),
+                                                   clip_loss_grads(b, x, t)))(
+            model_with(config, params), model_with(config, params, remat=True), images,
+            jnp.asarray(reference["texts"]))
         plain, remat = nnx.to_pure_dict(plain), nnx.to_pure_dict(remat)
         leaves = jax.tree_util.tree_leaves_with_path(plain)
         assert len(leaves) == len(jax.tree.leaves(remat)) > 40
@@ -208,7 +217,7 @@ def test_bfloat16_compute_stays_close_to_open_clip():
     config, params = clip_import.convert(QUICK, **HEADS)
     reference = np.load(QUICK.with_suffix(".npz"))
     model = model_with(config, params, dtype="bfloat16", remat=True)
-    x, y, logits = outputs(model, reference["images"], reference["texts"])
+    x, y, logits = jitted_outputs(model, reference["images"], reference["texts"])
     assert x.dtype == y.dtype == jnp.float32  # embeddings leave the model in float32
     assert rel_error(x, reference["image_features"]) < 3e-2
     assert rel_error(y, reference["text_features"]) < 3e-2
@@ -224,9 +233,9 @@ def test_saved_directory_restores_the_same_model(tmp_path):
     restored_config, restored = converted_directory.load_converted(out)
     assert restored_config == config
     reference = np.load(QUICK.with_suffix(".npz"))
-    a = outputs(model_with(config, params), reference["images"], reference["texts"])
-    b = outputs(model_with(restored_config, restored), reference["images"],
-                reference["texts"])
+    a = jitted_outputs(model_with(config, params), reference["images"], reference["texts"])
+    b = jitted_outputs(model_with(restored_config, restored), reference["images"],
+                       reference["texts"])
     for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(u, v)
     with pytest.raises(ConfigError, match="not an empty directory"):
@@ -398,14 +407,17 @@ def test_mlp_width_sets_the_hidden_layer():
     assert state["sample_encoder"]["blocks"][1]["fc1"]["kernel"].shape == (32, 20)
     assert state["sample_encoder"]["blocks"][1]["fc2"]["kernel"].shape == (20, 32)
     with pytest.raises(ConfigError, match="mlp_width must be a positive integer"):
-        build_model({**config, "sample_encoder": {**vit, "mlp_width": 0}}, nnx.Rngs(0))
+        nnx.eval_shape(lambda: build_model({**config, "sample_encoder": {**vit, "mlp_width": 0}},
+                                           nnx.Rngs(0)))  # shapes only: nothing to compile
 
 
 def test_non_finite_pixels_give_non_finite_embeddings():
     config, params = clip_import.convert(QUICK, **HEADS)
-    images = np.array(np.load(QUICK.with_suffix(".npz"))["images"])
+    reference = np.load(QUICK.with_suffix(".npz"))
+    images = np.array(reference["images"])
     images[1, 3, 5, 0] = np.nan
     images[2, 0, 0, 2] = np.inf
-    x = np.asarray(model_with(config, params).embed_samples(jnp.asarray(images)))
+    # the parity test's program (the same model and shapes)
+    x = np.asarray(jitted_outputs(model_with(config, params), images, reference["texts"])[0])
     assert np.all(np.isnan(x[1])) and not np.all(np.isfinite(x[2]))
     assert np.all(np.isfinite(x[[0, 3]]))  # the other images are untouched

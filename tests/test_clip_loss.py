@@ -42,7 +42,7 @@ def _every_impl(x, y, log_scale):
             for impl in IMPLS}
 
 
-@pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17, 256], [1, 8, 64])))
+@pytest.mark.parametrize("n, d", list(itertools.product([2, 3, 17, 129], [1, 8, 64])))
 def test_matches_reference_in_float32(n, d):
     x, y = _pair(n, d, seed=n + d)
     for scale in (1.0, 14.3, 100.0):

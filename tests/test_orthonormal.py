@@ -108,18 +108,21 @@ def test_sharded(strategy):
     clip = lambda x, y, t: sharded_clip_loss(x, y, t, mesh=mesh, strategy=strategy,  # noqa: E731
                                              block_size=2)
 
+    exact = strategy != "all_gather_no_grad"  # its gradient is another one, not checked here
+
     @jax.jit
     def every(x, y, log_scale, tau):  # both losses and the clip gradients: one program
         return (clip(x, y, log_scale), sharded_nt_xent(x, y, tau, mesh=mesh, strategy=strategy,
                                                        block_size=2),
-                jax.value_and_grad(clip, argnums=(0, 1, 2))(x, y, log_scale))
+                jax.value_and_grad(clip, argnums=(0, 1, 2))(x, y, log_scale) if exact else
+                (None, None))
 
     clip_value, nt_xent_value, (_, got_grads) = every(ROWS, ROWS, LOG_SCALE, np.float32(TAU))
     scale, roundings = fb.scale_of("clip", LOG_SCALE)
     _check(clip_value, N - 1, scale, roundings, f"sharded clip {strategy}")
     scale, roundings = fb.scale_of("nt_xent", TAU)
     _check(nt_xent_value, 2 * N - 2, scale, roundings, f"sharded nt_xent {strategy}")
-    if strategy != "all_gather_no_grad":  # the exact gradients, on the mesh
+    if exact:  # the exact gradients, on the mesh
         b = fb.bounds_for("clip", ROWS, ROWS, LOG_SCALE)
         _, want = _x64_grads(lambda x, y, t: clip_loss(x, y, t, impl="autodiff"), ROWS, ROWS,
                              b.third)

@@ -1,5 +1,6 @@
 """Progress lines: metrics averaged over the logging window, status lines while compiling and
-evaluating, per-method console metrics; the command line's compilation cache."""
+evaluating, per-method console metrics; where the command line's compilation cache is (that
+it fills it: tests/test_checkpoint_compat.py)."""
 
 import json
 import math
@@ -15,7 +16,7 @@ from contrastive_jax.training.run.progress import MetricWindow
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import quick
-from xla_environment import child_environment
+from trained_workdirs import simclr_quick_config, simclr_quick_workdir
 
 
 def test_metric_window_means_and_last_values():
@@ -38,16 +39,18 @@ def _train_records(workdir):
 
 
 def test_logged_metrics_are_window_means_of_every_step(tmp_path, capsys):
+    capsys.readouterr()
     every_step = train.train_and_evaluate(quick(total_steps=6, log_every=1),
                                           str(tmp_path / "each"))
-    capsys.readouterr()
-    train.train_and_evaluate(quick(total_steps=6, log_every=3), str(tmp_path / "window"))
     out = capsys.readouterr().out
+    # the same run logging every 2 steps (trained once per process, copied)
+    assert simclr_quick_config().log_every == 2
+    simclr_quick_workdir(tmp_path / "window")
     each = {r["step"]: r for r in _train_records(tmp_path / "each")}
     window = _train_records(tmp_path / "window")
-    assert [r["step"] for r in window] == [3, 6]
+    assert [r["step"] for r in window] == [2, 4, 6]
     for record in window:
-        steps = range(record["step"] - 2, record["step"] + 1)
+        steps = range(record["step"] - 1, record["step"] + 1)
         for key in ("loss", "top1", "grad_norm", "mi_bound"):
             assert record[key] == pytest.approx(np.mean([each[s][key] for s in steps]),
                                                 rel=1e-5), key
@@ -64,18 +67,5 @@ def test_compilation_cache_location():
     assert compilation_cache_dir({"XDG_CACHE_HOME": "/x"}) == (
         "/x/contrastive_jax/jax_compilation_cache")
 
-
-def test_the_command_line_fills_its_compilation_cache(tmp_path):
-    import os
-    import subprocess
-
-    from test_reliability import REPO, command
-
-    # compiled as a user's run is (the suite's XLA flags bring the step under the cache's
-    # one-second threshold: tests/xla_environment.py)
-    env = {**child_environment(xla_defaults=True),
-           "CONTRASTIVE_JAX_COMPILATION_CACHE": str(tmp_path / "cache")}
-    run = subprocess.run(command(tmp_path / "w", "--config.total_steps=2"), cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert os.listdir(tmp_path / "cache")  # the train step took over a second to compile
+# That the command line fills its compilation cache: tests/test_checkpoint_compat.py, whose
+# command line (compiled as a user's run is) writes into a cache folder of its own.

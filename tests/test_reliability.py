@@ -54,7 +54,7 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     a random step (experiments/chaos.py) and restarted again: both end with the same
     parameter hash (parameters and BatchNorm statistics bit-identical)."""
     chaos = load_chaos()
-    steps, every = 30, 4
+    steps, every = 16, 4
     config = "configs/simclr_mnist1d.py:quick"
     whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
                            env=child_environment(), cwd=REPO, capture_output=True, text=True,
@@ -397,22 +397,28 @@ USER_ERRORS = [
 ]
 
 
-def run_command_lines(commands: list[list[str]], env: dict | None = None) -> list:
+def run_command_lines(commands: list, env: dict | None = None) -> list:
     """``contrastive_jax.main`` with each of ``commands`` (the arguments after ``-m
-    contrastive_jax.main``), one forked child each of one interpreter
+    contrastive_jax.main``, or a dict of tests/forked_command_lines.py's request: ``args``,
+    and ``env`` or ``bug``), one forked child each of one interpreter
     (tests/forked_command_lines.py): each result has the command's ``returncode``,
-    ``stdout`` and ``stderr``."""
-    request = json.dumps([{"args": args, "env": env or {}} for args in commands])
+    ``stdout`` and ``stderr``. ``env`` is added to every command's environment."""
+    requests = [dict(c) if isinstance(c, dict) else {"args": c} for c in commands]
+    for r in requests:
+        r["env"] = {**(env or {}), **r.get("env", {})}
     run = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "forked_command_lines.py"))], input=request, env=child_environment(), cwd=REPO,
-        capture_output=True, text=True, timeout=300)
+        "forked_command_lines.py"))], input=json.dumps(requests), env=child_environment(),
+        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return [SimpleNamespace(**r) for r in json.loads(run.stdout.splitlines()[-1])]
 
 
 @pytest.fixture(scope="module")
-def user_error_runs(tmp_path_factory):
-    """Every command line of USER_ERRORS, run once (one interpreter, a fork each)."""
+def command_line_runs(tmp_path_factory):
+    """Every command line of this module's exit-status tests, run once (one interpreter, a
+    fork each): ``user_errors``, those of USER_ERRORS in order; ``bug``, a run whose trainer
+    raises a RuntimeError; ``traceback``, a user error with CONTRASTIVE_JAX_TRACEBACK=1;
+    ``unwritable``, a --workdir under a plain file."""
     commands = []
     for argv, _ in USER_ERRORS:
         base = command(tmp_path_factory.mktemp("w") / "w")[3:]
@@ -420,36 +426,36 @@ def user_error_runs(tmp_path_factory):
             base = [a for a in base if not a.startswith("--config")] + argv[:1]
             argv = argv[1:]
         commands.append(base + argv)
-    return run_command_lines(commands)
+    blocker = tmp_path_factory.mktemp("blocked") / "file"
+    blocker.write_text("")
+    named = {"bug": {"args": command(tmp_path_factory.mktemp("w") / "w")[3:], "bug": "a bug"},
+             "traceback": {"args": command(tmp_path_factory.mktemp("w") / "w",
+                                           "--config.loss.temperature=0")[3:],
+                           "env": {"CONTRASTIVE_JAX_TRACEBACK": "1"}},
+             "unwritable": command(blocker / "run")[3:]}
+    runs = run_command_lines(commands + list(named.values()))
+    return SimpleNamespace(user_errors=runs[:len(commands)],
+                           **dict(zip(named, runs[len(commands):], strict=True)))
 
 
 @pytest.mark.parametrize("case", range(len(USER_ERRORS)),
                          ids=[f"{argv[-1]}" for argv, _ in USER_ERRORS])
-def test_user_errors_exit_2_with_one_paragraph(user_error_runs, case):
+def test_user_errors_exit_2_with_one_paragraph(command_line_runs, case):
     import re
 
-    message, run = USER_ERRORS[case][1], user_error_runs[case]
+    message, run = USER_ERRORS[case][1], command_line_runs.user_errors[case]
     assert run.returncode == 2, run.stderr[-2000:]
     assert re.search(message, run.stderr, re.S), run.stderr[-2000:]
     assert "Traceback" not in run.stderr and run.stderr.count("error:") == 1
 
 
-def test_anything_else_raises_with_its_traceback(tmp_path):
+def test_anything_else_raises_with_its_traceback(command_line_runs):
     """A bug is not a user error: exit status 1 and the traceback (docs/reliability.md); and
     CONTRASTIVE_JAX_TRACEBACK=1 shows the traceback of a user error too."""
-    code = ("import sys; from contrastive_jax import main; from contrastive_jax.training import "
-            "train\n"
-            "def boom(config, workdir, **options): raise RuntimeError('a bug')\n"
-            "train.train_and_evaluate = boom\n"
-            f"sys.argv = {command(tmp_path / 'w')[2:]!r}\n"
-            "main.run()")
-    run = subprocess.run([sys.executable, "-c", code], env=child_environment(), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    run = command_line_runs.bug
     assert run.returncode == 1 and "Traceback" in run.stderr
     assert "RuntimeError: a bug" in run.stderr and "error: a bug" not in run.stderr
-    shown = subprocess.run(command(tmp_path / "w", "--config.loss.temperature=0"),
-                           env={**child_environment(), "CONTRASTIVE_JAX_TRACEBACK": "1"}, cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    shown = command_line_runs.traceback
     assert shown.returncode == 1 and "Traceback" in shown.stderr
     assert "ConfigError: loss.temperature must be > 0" in shown.stderr
 
@@ -465,11 +471,8 @@ def _batch(size):
     return config
 
 
-def test_unwritable_workdir_is_a_short_error(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    run = subprocess.run(command(blocker / "run"), env=child_environment(), cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+def test_unwritable_workdir_is_a_short_error(command_line_runs):
+    run = command_line_runs.unwritable
     assert run.returncode == 2 and "is not writable" in run.stderr
     assert "Traceback" not in run.stderr
 

@@ -85,11 +85,15 @@ def encoder_steps(name: str) -> dict:
     x = inputs(name, rng)
     weights = jnp.asarray(rng.normal(size=(B, config["features"])))
     keys = jax.random.split(jax.random.key(3), B)
-    # every policy's model initialised in one jitted program (eagerly: a small program per
-    # parameter shape); the same values as eager initialisation
-    models = nnx.jit(lambda: {policy: build_encoder(
-        config, nnx.Rngs(0), remat_policy=None if policy == "plain" else policy)
-        for policy in POLICIES[name]})()
+    # the plain model initialised in one jitted program (eagerly: a small program per
+    # parameter shape; the same values); every policy's model holds its state, set into a
+    # model built with shapes only (the remat policy changes no parameter, nor its init)
+    plain = nnx.jit(lambda: build_encoder(config, nnx.Rngs(0), remat_policy=None))()
+    models = {"plain": plain}
+    for policy in POLICIES[name][1:]:
+        models[policy] = nnx.eval_shape(lambda policy=policy: build_encoder(
+            config, nnx.Rngs(0), remat_policy=policy))
+        nnx.update(models[policy], nnx.state(plain))
     steps, states = {}, {}
     for policy, model in models.items():
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
