@@ -87,8 +87,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             raise ConfigError(f"shards={v.shards}: give the step count with the variant steps=N "
                               "(the template does not know the dataset's size)")
         split, eval_split = f"train[{v.heldout}:]", f"train[:{v.heldout}]"
-    config.data.update({"name": v.shards or v.data, "batch_size": v.batch, "num_threads": 16,
-                        "prefetch": 4, "train_split": split, "eval_split": eval_split,
+    # 24 worker processes: ~6 host cores per v4 chip, 4 chips a host (docs/benchmarks.md
+    # "Image input")
+    config.data.update({"name": v.shards or v.data, "batch_size": v.batch, "num_threads": 2,
+                        "worker_count": 24, "prefetch": 4, "train_split": split,
+                        "eval_split": eval_split,
                         # a multiple of 256 devices; val's 5000 images in 2 padded batches
                         "eval_batch_size": 2560})
     config.total_steps = v.steps or steps_for(v.data, split, v.epochs, v.batch)
@@ -141,7 +144,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint_every = 50  # ~15 COCO epochs at 32k; the last step is saved as well
     if v.tiny:
         config.data.update({"batch_size": 16, "eval_batch_size": 16, "num_threads": 1,
-                            "prefetch": 1})
+                            "worker_count": 0, "prefetch": 1})
         config.data.preprocess.update({"image_size": 32, "max_tokens": 12})
         config.total_steps = 1
         config.log_every = 1

@@ -262,6 +262,9 @@ def test_pod_template_reads_uint8_with_clip_normalisation():
     assert (pre.resize, pre.crop, tuple(pre.crop_scale)) == ("bicubic", "random", (0.9, 1.0))
     assert pixel_normalization(pre) == (CLIP_MEAN, CLIP_STD)
     assert config.augment.resized_crop == 0.0  # the host crops; the device only flips
+    # worker processes on a pod host (docs/benchmarks.md "Image input"); none for the tiny run
+    assert config.data.worker_count == 24
+    assert load_config("clip_vit_b16_pod.py:tiny").data.worker_count == 0
 
 
 def test_a_run_from_a_converted_clip_takes_its_mean_and_std(tmp_path):
