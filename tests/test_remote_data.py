@@ -4,6 +4,8 @@ parameters; a missing dataset or bucket is an error naming it, and an unreachabl
 an error within the bounded wait, not a hang."""
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import gcsfs
 import numpy as np
 import pytest
 
-from contrastive_jax.errors import DataError, DatasetNotPreparedError
+from contrastive_jax.errors import DatasetNotPreparedError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
 from contrastive_jax.training.data import train_iterator
@@ -21,6 +23,7 @@ from contrastive_jax.training.data.sources import STORAGE_TIMEOUT_ENV, open_spli
 sys.path.insert(0, str(Path(__file__).parent))
 from test_remote_paths import BUCKET, gcs  # noqa: F401 (the fixture)
 from trained_workdirs import simclr_quick_config, simclr_quick_workdir
+from xla_environment import child_environment
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +61,16 @@ def test_a_missing_dataset_or_bucket_names_it(bucket_data):
         open_split("mnist1d", "train", "gs://no-such-bucket-here/tfds")
 
 
-def test_an_unreachable_bucket_is_an_error_within_the_bounded_wait(bucket_data, monkeypatch):
-    # every client pointed at a port nobody listens on: each retries for minutes unbounded
-    dead = "http://127.0.0.1:9"
-    for key in ("STORAGE_EMULATOR_HOST", "CLOUD_STORAGE_EMULATOR_ENDPOINT"):
-        monkeypatch.setenv(key, dead)
-    monkeypatch.setenv(STORAGE_TIMEOUT_ENV, "3")
-    gcsfs.GCSFileSystem.clear_instance_cache()
-    with pytest.raises(DataError, match=r"opening mnist1d\[train\] in gs://.* did not answer "
-                                        r"within 3 s.*CONTRASTIVE_JAX_STORAGE_TIMEOUT_S"):
-        open_split("mnist1d", "train", bucket_data)  # without the bound: minutes, silently
-    gcsfs.GCSFileSystem.clear_instance_cache()
+def test_an_unreachable_bucket_is_an_error_within_the_bounded_wait(bucket_data):
+    """In a child process: the storage call left waiting in its thread (the bound cannot stop
+    it) must not outlive the test, and its clients must not see this process's settings."""
+    dead = "http://127.0.0.1:9"  # every client pointed at a port nobody listens on
+    env = {**child_environment(), "STORAGE_EMULATOR_HOST": dead,
+           "CLOUD_STORAGE_EMULATOR_ENDPOINT": dead, STORAGE_TIMEOUT_ENV: "3"}
+    code = ("from contrastive_jax.training.data.sources import open_split\n"
+            f"open_split('mnist1d', 'train', {bucket_data!r})")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)  # without the bound: minutes of silent retries
+    assert run.returncode == 1
+    assert re.search(r"DataError: opening mnist1d\[train\] in gs://\S+ did not answer within "
+                     r"3 s\..*CONTRASTIVE_JAX_STORAGE_TIMEOUT_S", run.stderr), run.stderr[-2000:]
