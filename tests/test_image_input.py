@@ -3,8 +3,10 @@ the cast and mean/std normalisation on the device; grain worker processes with t
 and the same resume as threads."""
 
 import io
+import itertools
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -333,3 +335,49 @@ def test_the_pod_template_reads_converted_shards(shards_dataset):
     assert batch["caption"].shape == (8, 12)
     held = next(eval_iterator(config.data, mesh))
     assert np.asarray(held["mask"]).tolist() == [True] * 4 + [False] * 4  # 4 held out, padded
+
+
+def test_evaluation_pixels_and_features_equal_open_clips():
+    """Encoded images (JPEGs of several sizes, a grayscale JPEG, an RGBA PNG) through the
+    evaluation preprocessing and a converted open_clip model: the pixels and image features
+    that open_clip's own evaluation transform and ``encode_image`` gave
+    (tests/fixtures/make_open_clip_preprocess_fixture.py)."""
+    from test_clip_import import EXACT, HEADS, model_with, rel_error
+
+    from contrastive_jax.training.models.converters import clip_import
+
+    fixture = np.load(Path(__file__).parent / "fixtures" / "open_clip_preprocess.npz")
+    encoded, offsets = fixture["encoded"].tobytes(), fixture["offsets"]
+    files = [encoded[a:b] for a, b in itertools.pairwise(offsets)]
+    evaluate = image_text_preprocess(image_size=16, max_tokens=4, resize="bicubic")
+    crops = np.stack([evaluate({"image": f, "captions": {"text": ["a"]}})["image"]
+                      for f in files])
+    pixels = np.asarray(model_input(jnp.asarray(crops), (CLIP_MEAN, CLIP_STD)))
+    np.testing.assert_allclose(pixels, fixture["pixels"], rtol=1e-6, atol=1e-6)
+    model = model_with(*clip_import.convert(EXACT, quick_gelu=False, **HEADS))
+    features = nnx.jit(lambda m, x: m.embed_samples(x))(model, jnp.asarray(pixels))
+    assert rel_error(features, fixture["image_features"]) < 1e-5
+    # bilinear is another function: levels off open_clip's pixels (the test tells them apart)
+    bilinear = image_text_preprocess(image_size=16, max_tokens=4, resize="bilinear")
+    other = np.stack([bilinear({"image": f, "captions": {"text": ["a"]}})["image"]
+                      for f in files])
+    assert np.abs(other.astype(np.int32) - crops).max() >= 4
+
+
+def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(tmp_path):
+    from test_train import load_config
+
+    from contrastive_jax.training.run.config_record import plain
+    from contrastive_jax.training.run.init_from import pretrained_preprocess
+
+    config = load_config("clip_vit_b16_pod.py:tiny")
+    del config.data.preprocess["mean"], config.data.preprocess["std"]
+    config.model.init_from = {"path": str(tmp_path / "gone")}  # deleted after the first run
+    recorded = plain(config)
+    recorded["data"]["preprocess"].update({"mean": list(CLIP_MEAN), "std": list(CLIP_STD)})
+    resumed, lines = pretrained_preprocess(config, recorded)
+    assert pixel_normalization(resumed.data.preprocess) == (CLIP_MEAN, CLIP_STD)
+    assert "recorded in the run's config.json" in lines[0]
+    # another init_from: the record says nothing about it
+    config.model.init_from = {"path": str(tmp_path / "other")}
+    assert pretrained_preprocess(config, recorded) == (config, [])

@@ -81,6 +81,14 @@ def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
     return steps
 
 
+def _recorded_config(workdir: epath.Path) -> dict[str, Any] | None:
+    """The workdir's ``config.json`` (an earlier run's config), or None."""
+    try:
+        return json.loads((workdir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _previous_results(workdir: epath.Path) -> dict[str, Any]:
     """The workdir's ``results.json`` (written by an earlier run), or ``{}``."""
     try:
@@ -155,7 +163,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     (:mod:`~contrastive_jax.training.run.config_record`).
     """
     method = method_for(config)  # bad method or loss settings fail before any work
-    config, lines = init_from.pretrained_preprocess(config)  # a converted CLIP's mean / std
+    config, lines = init_from.pretrained_preprocess(  # a converted CLIP's mean / std
+        config, _recorded_config(workdir_path(workdir)))
     for line in lines:
         print(line, flush=True)
     workdir_path(workdir).mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,11 @@ Two crops, both ending in a ``size x size`` uint8 RGB array:
   open_clip trains (scale (0.9, 1.0)) and big_vision's inception crop (scale (0.05, 1.0)).
 
 ``resize`` is ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``; PIL's filters, which widen
-their support when shrinking (antialiased), as torchvision's on PIL images.
+their support when shrinking (antialiased), as torchvision's on PIL images. As in open_clip,
+an RGB, grayscale or RGBA image is resized in its own mode and converted to RGB after the
+crop; a palette or CMYK image is converted first. The evaluation crop of an encoded image
+equals open_clip's evaluation transform pixel for pixel (tests/test_image_input.py, on a
+fixture open_clip wrote).
 
 **Reduced-size decoding.** A JPEG's DCT lets the decoder produce the image at 1/2, 1/4 or 1/8
 of its size for much less work (PIL's ``Image.draft``). With ``reduced_decode=True`` a JPEG is
@@ -34,6 +38,10 @@ from contrastive_jax.errors import ConfigError, DataError
 
 RESIZE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 DRAFT_FORMATS = ("JPEG",)  # formats whose decoder can produce a reduced-size image
+# modes resized as they are and converted to RGB after the crop, as open_clip's transforms do
+# (grayscale; RGBA resized premultiplied by PIL, then its alpha dropped); others (palette,
+# CMYK, ...) are converted to RGB first
+RESIZED_AS_IS = ("RGB", "RGBA", "L", "LA")
 
 Box = tuple[float, float, float, float]  # (left, top, width, height), pixels of the full image
 
@@ -86,11 +94,12 @@ def _decode(pil: Image.Image, box: Box, size: int, reduced: bool) -> tuple[Image
             sx, sy = pil.size[0] / full_w, pil.size[1] / full_h
             box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
     try:
-        return pil.convert("RGB"), box
+        pil.load()
     except (OSError, SyntaxError, ValueError) as err:  # truncated or damaged data
         raise DataError(f"an example's image cannot be decoded ({err}); convert the dataset "
                         "again (python -m contrastive_jax.training.data.convert_shards skips "
                         "such members)") from err
+    return (pil if pil.mode in RESIZED_AS_IS else pil.convert("RGB")), box
 
 
 def center_crop(image, size: int, *, resize: str = "bicubic",
@@ -110,7 +119,7 @@ def center_crop(image, size: int, *, resize: str = "bicubic",
     out_w, out_h = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
     resized = pil.resize((out_w, out_h), RESIZE[check_resize(resize)])
     left, top = round((out_w - size) / 2), round((out_h - size) / 2)
-    return np.asarray(resized)[top:top + size, left:left + size]
+    return np.asarray(resized.crop((left, top, left + size, top + size)).convert("RGB"))
 
 
 def crop_box(width: int, height: int, rng: np.random.Generator,
@@ -153,4 +162,4 @@ def random_resized_crop(image, size: int, rng: np.random.Generator, *,
     pil, (left, top, w, h) = _decode(pil, box, size, reduced_decode)
     resized = pil.resize((size, size), RESIZE[check_resize(resize)],
                          box=(left, top, left + w, top + h))
-    return np.asarray(resized)
+    return np.asarray(resized.convert("RGB"))

@@ -149,9 +149,10 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     ``crop_ratio``; the box drawn from ``(seed, position)``, the example's place in the global
     stream, so a resumed run, any process count and any worker count crop alike); otherwise
     the centre crop of the image resized to ``image_size`` on its shorter side. ``resize``:
-    ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``. ``reduced_decode``: decode JPEGs at the
-    smallest DCT-reduced size that keeps the crop's resolution. The device casts the uint8
-    image to [0, 1], augments, and applies ``data.preprocess.mean`` / ``std``
+    ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``. ``reduced_decode``: in training, decode
+    JPEGs at the smallest DCT-reduced size that keeps the crop's resolution (evaluation always
+    decodes in full, so that its pixels are open_clip's evaluation transform's). The device
+    casts the uint8 image to [0, 1], augments, and applies ``data.preprocess.mean`` / ``std``
     (:mod:`contrastive_jax.training.augmentations.pixels`).
 
     ``caption_key`` is a ``/``-separated path into the example: one text, or a list of texts
@@ -191,9 +192,9 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
             image = image_crops.random_resized_crop(
                 example[image_key], image_size, rng, scale=scale, ratio=ratio, resize=resize,
                 reduced_decode=reduced_decode)
-        else:
+        else:  # evaluation decodes in full: open_clip's evaluation pixels exactly
             image = image_crops.center_crop(example[image_key], image_size, resize=resize,
-                                            reduced_decode=reduced_decode)
+                                            reduced_decode=reduced_decode and training)
         text = example
         for key in path:
             if not isinstance(text, Mapping) or key not in text:

@@ -200,13 +200,13 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
     """Sample-tower embeddings ``(n, d)`` and labels ``(n,)`` of every example of ``source``
     (one padded pass, every process's rows gathered). Inputs as in evaluation: with the
     ``image_text`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) is centre-cropped
-    to ``data.preprocess.image_size`` uint8 with its ``resize`` and ``reduced_decode``, and
+    to ``data.preprocess.image_size`` uint8 with its ``resize`` (decoded in full), and
     normalised on the device (``data.preprocess.mean`` / ``std``); otherwise the standard
     preprocessing (uint8 images to [0, 1])."""
     pre = config.data.get("preprocess", {})
     size = pre.get("image_size", 224) if pre.get("name", "standard") == "image_text" else None
     crop = functools.partial(center_crop, size=size, resize=pre.get("resize", "bicubic"),
-                             reduced_decode=pre.get("reduced_decode", True))
+                             reduced_decode=False)  # in full, as open_clip's evaluation
     standard = standard_preprocess((input_key, label_key))
     label_of = standard_preprocess((label_key,))
 

@@ -330,30 +330,46 @@ PREPROCESS_FILE = "preprocess.json"  # converters' pixel settings (converted_dir
 PIXEL_FIELDS = ("mean", "std")
 
 
-def pretrained_preprocess(config) -> tuple[Any, list[str]]:
+def pretrained_preprocess(config, recorded: Mapping[str, Any] | None = None
+                          ) -> tuple[Any, list[str]]:
     """``(config, messages)``: ``data.preprocess.mean`` / ``std`` filled from the first
     ``model.init_from`` path that is a converted checkpoint with a ``preprocess.json`` (CLIP's
     values for a converted CLIP), where the config is an ``image_text`` one and sets neither; a
-    copy of ``config`` if it changes. Read at every start, fresh or resumed (a small JSON file,
-    not the weights); set the fields in the config to depend on nothing. A config that sets
-    other values than the checkpoint's keeps them, with a warning."""
+    copy of ``config`` if it changes. ``recorded``: the workdir's ``config.json`` (a run that
+    resumes): with the same ``init_from``, its values are taken and ``path`` is not read, as a
+    resumed run reads nothing from it. A config that sets other values than the checkpoint's
+    keeps them, with a warning."""
     preprocess = config.get("data", {}).get("preprocess", {})
     if preprocess.get("name", "standard") != "image_text":
         return config, []
-    for spec in init_specs(config.model.get("init_from", "")):
+    given = {k: preprocess.get(k) for k in PIXEL_FIELDS if preprocess.get(k) is not None}
+    specs = init_specs(config.model.get("init_from", ""))
+    before = dict(recorded or {})
+    before_pre = dict(dict(before.get("data") or {}).get("preprocess") or {})
+    if (specs and not given and all(before_pre.get(k) is not None for k in PIXEL_FIELDS)
+            and init_specs(dict(before.get("model") or {}).get("init_from", "")) == specs):
+        stored = {k: before_pre[k] for k in PIXEL_FIELDS}
+        return _with_pixels(config, stored), [
+            f"data.preprocess.mean / std as recorded in the run's config.json: mean "
+            f"{stored['mean']}, std {stored['std']}"]
+    for spec in specs:
         path = epath.Path(spec.path) / PREPROCESS_FILE
         if not path.exists() or not (epath.Path(spec.path) / "model.json").exists():
             continue
         stored = {k: v for k, v in _json(path).items() if k in PIXEL_FIELDS}
-        given = {k: preprocess.get(k) for k in PIXEL_FIELDS if preprocess.get(k) is not None}
         if given:
             same = all(np.allclose(given.get(k, np.nan), stored.get(k, np.nan))
                        for k in PIXEL_FIELDS)
             return config, [] if same else [
                 f"warning: data.preprocess mean/std {given} differ from those the converted "
                 f"checkpoint expects ({path}: {stored}); keeping the config's"]
-        config = config.copy_and_resolve_references()
-        config.data.preprocess.update(stored)
-        return config, [f"data.preprocess.mean / std from {path} (the pixels the converted "
-                        f"model expects): mean {stored.get('mean')}, std {stored.get('std')}"]
+        return _with_pixels(config, stored), [
+            f"data.preprocess.mean / std from {path} (the pixels the converted model "
+            f"expects): mean {stored.get('mean')}, std {stored.get('std')}"]
     return config, []
+
+
+def _with_pixels(config, pixels: Mapping[str, Any]):
+    config = config.copy_and_resolve_references()
+    config.data.preprocess.update(dict(pixels))
+    return config
