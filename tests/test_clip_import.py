@@ -248,6 +248,10 @@ def test_command_line(tmp_path, capsys):
                       "--vision_heads=2", "--text_heads=2"])
     assert "32,961 parameters" in capsys.readouterr().out
     assert json.loads((out / "model.json").read_text())["text_encoder"]["activation"] == "gelu"
+    # the pixels the model expects, which a run starting from it takes (run/init_from.py)
+    assert json.loads((out / "preprocess.json").read_text()) == {
+        "mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
+        "resize": "bicubic", "image_size": 16}
     with pytest.raises(SystemExit) as exit_info:
         clip_import.main([f"--checkpoint={EXACT}", f"--output={tmp_path / 'other'}"])
     assert exit_info.value.code == 2

@@ -74,3 +74,26 @@ def test_an_unreachable_bucket_is_an_error_within_the_bounded_wait(bucket_data):
     assert run.returncode == 1
     assert re.search(r"DataError: opening mnist1d\[train\] in gs://\S+ did not answer within "
                      r"3 s\..*CONTRASTIVE_JAX_STORAGE_TIMEOUT_S", run.stderr), run.stderr[-2000:]
+
+
+def test_shards_in_a_bucket_convert_like_local_ones(bucket_data, tmp_path):
+    """convert_shards reads gs:// tars (a brace range) as it reads local ones."""
+    from test_convert_shards import good, write_tar
+
+    from contrastive_jax.training.data import convert_shards
+
+    fs = gcsfs.GCSFileSystem()
+    for i in range(2):
+        write_tar(tmp_path / f"{i:05d}.tar", [m for k in range(3) for m in good(f"k{i}{k}",
+                                                                                3 * i + k)])
+        fs.put(str(tmp_path / f"{i:05d}.tar"), f"{BUCKET}/shards/{i:05d}.tar")
+    remote = convert_shards.convert([f"gs://{BUCKET}/shards/{{00000..00001}}.tar"], "remote",
+                                    str(tmp_path / "out"), workers=1, log=lambda line: None)
+    local = convert_shards.convert([str(tmp_path / "0000[01].tar")], "local",
+                                   str(tmp_path / "out"), workers=1, log=lambda line: None)
+    assert remote["examples"] == local["examples"] == 6
+    folder = tmp_path / "out"
+    for shard in range(2):
+        a = (folder / "remote/1.0.0" / f"remote-train.array_record-{shard:05d}-of-00002")
+        b = (folder / "local/1.0.0" / f"local-train.array_record-{shard:05d}-of-00002")
+        assert a.read_bytes() == b.read_bytes()  # the same records, byte for byte
