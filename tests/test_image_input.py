@@ -2,6 +2,7 @@
 the cast and mean/std normalisation on the device; grain worker processes with the same batches
 and the same resume as threads."""
 
+import dataclasses
 import io
 import itertools
 import json
@@ -167,8 +168,7 @@ def test_a_clip_step_on_uint8_images_equals_the_step_on_images_normalised_on_the
     net = nnx.merge(graphdef, state.params, state.rest)
     on_device = method.embed(net, {"image": jnp.asarray(images), "caption": captions}, keys, ctx)
     host = (images / np.float32(255) - np.float32(CLIP_MEAN)) / np.float32(CLIP_STD)
-    plain = make_context(config, mesh, graphdef, method)
-    plain = type(plain)(**{**plain.__dict__, "pixels": None})
+    plain = dataclasses.replace(ctx, pixels=None)
     on_host = method.embed(net, {"image": jnp.asarray(host, jnp.float32), "caption": captions},
                            keys, plain)
     for key in ("x", "y"):
@@ -179,7 +179,7 @@ def test_a_clip_step_on_uint8_images_equals_the_step_on_images_normalised_on_the
     assert np.abs(np.asarray(unnormalised["x"]) - np.asarray(on_device["x"])).max() > 1e-3
 
 
-def _preprocess(data_dir: str, name: str, training: bool, **preprocess):
+def _preprocess(training: bool, **preprocess):
     import ml_collections
 
     config = ml_collections.ConfigDict({
@@ -193,8 +193,8 @@ def test_random_crops_depend_on_the_stream_position_only(shards_dataset):
     data_dir, name = shards_dataset
     source = open_split(name, "train", data_dir, encoded_images=("image",))
     assert isinstance(source[0]["image"], bytes)  # decoded by the preprocessing
-    train = _preprocess(data_dir, name, training=True)
-    evaluate = _preprocess(data_dir, name, training=False)
+    train = _preprocess(training=True)
+    evaluate = _preprocess(training=False)
     first = train(source[0], epoch=0, position=0)["image"]
     np.testing.assert_array_equal(first, train(source[0], epoch=0, position=0)["image"])
     later = train(source[0], epoch=1, position=12)["image"]
@@ -213,7 +213,7 @@ def _rows(batches, key="image"):
 def test_worker_processes_give_the_threads_batches_and_resume_exactly(shards_dataset):
     data_dir, name = shards_dataset
     source = open_split(name, "train", data_dir, encoded_images=("image",))
-    train = _preprocess(data_dir, name, training=True)
+    train = _preprocess(training=True)
 
     def stream(workers: int, shard: HostShard | None = None):
         return train_dataset(source, global_batch_size=4, seed=0, num_epochs=2,
@@ -243,7 +243,7 @@ def test_worker_processes_give_the_threads_batches_and_resume_exactly(shards_dat
     assert len(again) == 4
     for a, b in zip(threads[2:], again, strict=True):
         np.testing.assert_array_equal(a["image"], b["image"])
-    evaluation = _preprocess(data_dir, name, training=False)
+    evaluation = _preprocess(training=False)
     one = list(eval_dataset(source, global_batch_size=8, shard=HostShard(0, 1),
                             preprocess=evaluation))
     two = list(eval_dataset(source, global_batch_size=8, shard=HostShard(0, 1),

@@ -54,7 +54,11 @@ from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import Method, method_for
 from contrastive_jax.training.run import checkpoints, init_from, json_output
-from contrastive_jax.training.run.config_record import check_config, write_config
+from contrastive_jax.training.run.config_record import (
+    check_config,
+    recorded_config,
+    write_config,
+)
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import (
     MetricWindow,
@@ -79,14 +83,6 @@ def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
     if steps < 1:
         raise ConfigError("set total_steps or num_epochs > 0")
     return steps
-
-
-def _recorded_config(workdir: epath.Path) -> dict[str, Any] | None:
-    """The workdir's ``config.json`` (an earlier run's config), or None."""
-    try:
-        return json.loads((workdir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _previous_results(workdir: epath.Path) -> dict[str, Any]:
@@ -164,7 +160,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     """
     method = method_for(config)  # bad method or loss settings fail before any work
     config, lines = init_from.pretrained_preprocess(  # a converted CLIP's mean / std
-        config, _recorded_config(workdir_path(workdir)))
+        config, recorded_config(workdir))
     for line in lines:
         print(line, flush=True)
     workdir_path(workdir).mkdir(parents=True, exist_ok=True)
@@ -312,7 +308,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
             if stop.should_stop(step):
                 check_skipped_updates(*pending, limit)
                 checkpoints.save(ckpt, step, state, stream, force=True)
-                return _LoopEnd(state, metrics, clock, evaluations, step, _stop_cause(stop))
+                return _LoopEnd(state, metrics, clock, evaluations, step, stop.cause())
             checkpoints.save(ckpt, step, state, stream, force=step == run.steps,
                              skipped_in_a_row=metrics["skipped_in_a_row"] if limit else None)
             if every and step % every == 0 and step != run.steps:
@@ -336,15 +332,6 @@ def _evaluate_at(run: Run, state: TrainState, step: int, progress: Progress,
     progress.message(f"eval at step {step}: linear probe "
                      f"{result['linear_probe']:.4f}, kNN {result['knn']:.4f}")
     return result
-
-
-def _stop_cause(stop: StopSignal) -> str:
-    """What stopped the run, in words."""
-    if stop.received:
-        return f"signal {stop.received}"
-    if stop.sync_point:
-        return "JAX's preemption sync point (a SIGTERM on some host)"
-    return "a signal to another process"
 
 
 def _stopped(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | None

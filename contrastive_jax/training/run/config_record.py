@@ -108,6 +108,19 @@ def changes(old: Mapping, new: Mapping) -> list[tuple[str, Any, Any]]:
             and not any(k == m or k.startswith(m + ".") for m in MAY_CHANGE)]
 
 
+def recorded_config(workdir: str | os.PathLike) -> dict[str, Any] | None:
+    """``workdir/config.json`` as written (an earlier run's config), or None if there is none
+    (a record that is not JSON is an error naming it)."""
+    path = epath.Path(workdir) / RECORD
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err}); restore it, or use a new "
+                          "--workdir") from None
+
+
 def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                  resuming_from: int | None, accept_change: bool = False
                  ) -> list[tuple[str, Any, Any]]:
@@ -116,10 +129,10 @@ def check_config(config: ml_collections.ConfigDict, workdir: str | os.PathLike, 
 
     Raises :class:`~contrastive_jax.errors.ConfigError` listing them unless ``accept_change``.
     """
-    path = epath.Path(workdir) / RECORD
-    if resuming_from is None or not path.exists():
+    record = recorded_config(workdir) if resuming_from is not None else None
+    if record is None:
         return []
-    diff = changes(upgrade(json.loads(path.read_text())), upgrade(plain(config)))
+    diff = changes(upgrade(record), upgrade(plain(config)))
     for key, a, _ in diff:
         if key in FIXED_ON_RESUME:
             raise ConfigError(

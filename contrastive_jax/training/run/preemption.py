@@ -91,6 +91,14 @@ class StopSignal:
             return bool(mine)
         return bool(np.max(multihost_utils.process_allgather(mine)))
 
+    def cause(self) -> str:
+        """What stopped the run, in words (after :meth:`should_stop` said so)."""
+        if self.received:
+            return f"signal {self.received}"
+        if self.sync_point:
+            return "JAX's preemption sync point (a SIGTERM on some host)"
+        return "a signal to another process"
+
 
 class Interrupted(Exception):
     """Raised by :func:`interrupt_on_signal`'s handler; ``signum`` is the signal."""
