@@ -43,7 +43,7 @@ from contrastive_jax.training.run.distributed import (
     initialize,
     launch_settings,
 )
-from contrastive_jax.training.run.workdir_path import is_remote, workdir_path
+from contrastive_jax.training.run.workdir.workdir_path import is_remote, workdir_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
                                           lock_config=True)
@@ -56,9 +56,9 @@ _ACCEPT_CHANGE = flags.DEFINE_bool(
 
 def check_workdir(workdir: str) -> None:
     """Check ``--workdir`` (a local path or ``gs://...``:
-    :func:`~contrastive_jax.training.run.workdir_path.workdir_path`), create it if needed and check
-    that a file can be written there (on ``gs://``: an object, so missing credentials or
-    permissions show here, before any work)."""
+    :func:`~contrastive_jax.training.run.workdir.workdir_path.workdir_path`), create it if
+    needed and check that a file can be written there (on ``gs://``: an object, so missing
+    credentials or permissions show here, before any work)."""
     path = workdir_path(workdir)
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -218,7 +218,7 @@ def main(argv: Sequence[str]) -> None:
     result = plan(config, mesh)
     print(report(result, name, chips))
     if _JSON.value:
-        from contrastive_jax.training.run import json_output
+        from contrastive_jax.training.run.workdir import json_output
 
         json_output.write_atomic(_JSON.value, {
             **dataclasses.asdict(result), "total": result.total,

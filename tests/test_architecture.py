@@ -118,10 +118,7 @@ def test_experiment_helpers_are_outside_the_package():
 # that is not an arrow of LOSS_ARROWS fails (imports inside a room are free).
 LOSS_ROOMS = {
     "contrastive_jax.losses": "public losses",  # info_nce, clip, nt_xent, moco, siglip, ...
-    "contrastive_jax.losses.normalize": "shared pieces",
-    "contrastive_jax.losses.similarity": "shared pieces",
-    "contrastive_jax.losses.temperature": "shared pieces",
-    "contrastive_jax.losses.validation": "shared pieces",
+    "contrastive_jax.losses.parts": "parts",  # validation, normalize, similarity, temperature
     "contrastive_jax.losses.tiling": "tiling",  # the subpackage's docstring
     "contrastive_jax.losses.tiling.tile": "tiling.tile",
     "contrastive_jax.losses.tiling.row_exchange": "tiling.row_exchange",
@@ -130,17 +127,17 @@ LOSS_ROOMS = {
     "contrastive_jax.analytic": "analytic",
 }
 LOSS_ARROWS = {  # room -> the rooms it may import
-    "shared pieces": set(),
+    "parts": set(),
     "tiling": set(),
-    "tiling.tile": {"shared pieces"},
+    "tiling.tile": {"parts"},
     "tiling.row_exchange": {"tiling.tile"},
-    "tiling.tile_loops": {"tiling.tile", "shared pieces"},
+    "tiling.tile_loops": {"tiling.tile", "parts"},
     "tiling.custom_vjps": {"tiling.tile", "tiling.row_exchange", "tiling.tile_loops",
-                           "shared pieces"},
+                           "parts"},
     # the engine's entry points, and RowExchange for its settings; never the loops or a tile
-    "public losses": {"tiling.custom_vjps", "tiling.row_exchange", "shared pieces"},
+    "public losses": {"tiling.custom_vjps", "tiling.row_exchange", "parts"},
     # closed forms check the public losses; the engine's internals are not theirs to use
-    "analytic": {"public losses", "shared pieces"},
+    "analytic": {"public losses", "parts"},
 }
 
 
@@ -223,3 +220,19 @@ def test_the_training_rooms_import_only_what_their_table_allows():
         if other not in (None, room) and other not in TRAINING_ROOMS[room]:
             violations.append(f"{name} ({room}) imports {target} ({other})")
     assert not violations, "\n".join(violations)
+
+
+# --- folder size ---------------------------------------------------------------------------
+MAX_MODULES_PER_FOLDER = 10  # a folder holds one concept; a larger one splits into subfolders
+
+
+def test_every_folder_of_the_package_holds_at_most_ten_modules():
+    counts = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            counts.setdefault(path.parent.relative_to(PACKAGE.parent).as_posix(), []).append(
+                path.name)
+    crowded = {folder: len(names) for folder, names in counts.items()
+               if len(names) > MAX_MODULES_PER_FOLDER}
+    assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules: {crowded}"
+    assert len(counts) >= 15  # the walk did find the package's folders

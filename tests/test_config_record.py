@@ -10,7 +10,7 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import train
-from contrastive_jax.training.run.config_record import changes, flatten, plain
+from contrastive_jax.training.run.workdir.config_record import changes, flatten, plain
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import command, quick, run_command_lines

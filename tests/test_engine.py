@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from contrastive_jax.losses import clip_loss, info_nce, l2_normalize, nt_xent, siglip_loss
+from contrastive_jax.losses.parts.temperature import logit_scale
 from contrastive_jax.losses.sharded import (
     STRATEGIES,
     sharded_clip_loss,
     sharded_nt_xent,
     sharded_siglip_loss,
 )
-from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
 
 N, D_EMB, BLOCK = 24, 6, 5

@@ -14,7 +14,7 @@ import pytest
 
 import float32_bounds as fb
 from contrastive_jax.losses import l2_normalize
-from contrastive_jax.losses.similarity import similarities
+from contrastive_jax.losses.parts.similarity import similarities
 
 
 @pytest.mark.parametrize("dim", [1, 2, 8, 12, 24, 64, 512])

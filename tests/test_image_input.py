@@ -303,7 +303,7 @@ def test_a_run_from_a_converted_clip_takes_its_mean_and_std(tmp_path):
 def test_a_resume_keeps_the_worker_count(tmp_path):
     from test_train import load_config
 
-    from contrastive_jax.training.run.config_record import check_config, write_config
+    from contrastive_jax.training.run.workdir.config_record import check_config, write_config
 
     config = load_config("simclr_mnist1d.py:quick")
     write_config(config, tmp_path)
@@ -367,8 +367,8 @@ def test_evaluation_pixels_and_features_equal_open_clips():
 def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(tmp_path):
     from test_train import load_config
 
-    from contrastive_jax.training.run.config_record import plain
     from contrastive_jax.training.run.init_from import pretrained_preprocess
+    from contrastive_jax.training.run.workdir.config_record import plain
 
     config = load_config("clip_vit_b16_pod.py:tiny")
     del config.data.preprocess["mean"], config.data.preprocess["std"]

@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from contrastive_jax.training.run import json_output
 from contrastive_jax.training.run.progress import Progress
+from contrastive_jax.training.run.workdir import json_output
 
 
 def _strict_loads(text: str):

@@ -18,7 +18,7 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training.data.datasets.correlated_gaussians import CorrelatedGaussians
 from contrastive_jax.training.methods import LossSettings, MICritic, MoCo, method_for
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.run.config_record import changes, plain, upgrade
+from contrastive_jax.training.run.workdir.config_record import changes, plain, upgrade
 from contrastive_jax.training.step.train_step import make_context
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))

@@ -23,7 +23,7 @@ from etils import epath
 from contrastive_jax.errors import ConfigError, WorkdirError
 from contrastive_jax.training import train
 from contrastive_jax.training.run import preemption
-from contrastive_jax.training.run.workdir_path import absolute, is_remote, workdir_path
+from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import load_config
@@ -205,7 +205,7 @@ def test_set_aside_and_the_config_backup_move_objects_within_the_bucket(gcs, tmp
     import orbax.checkpoint as ocp
 
     from contrastive_jax.training.run import checkpoints
-    from contrastive_jax.training.run.config_record import write_config
+    from contrastive_jax.training.run.workdir.config_record import write_config
 
     monkeypatch.chdir(tmp_path)
     workdir = f"gs://{BUCKET}/aside"

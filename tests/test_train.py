@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from xla_environment import child_environment
 
-from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.losses.parts.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import evaluation, train
 from contrastive_jax.training.data import train_iterator

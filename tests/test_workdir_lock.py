@@ -12,14 +12,14 @@ import pytest
 
 from contrastive_jax.errors import WorkdirError
 from contrastive_jax.training import train
-from contrastive_jax.training.run.workdir_lock import LOCK_FILE, workdir_lock
+from contrastive_jax.training.run.workdir.workdir_lock import LOCK_FILE, workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import command, quick  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
 
-HOLDER = ("import sys; from contrastive_jax.training.run.workdir_lock import workdir_lock\n"
+HOLDER = ("import sys; from contrastive_jax.training.run.workdir.workdir_lock import workdir_lock\n"
           "with workdir_lock(sys.argv[1]):\n"
           "    print('locked', flush=True)\n"
           "    sys.stdin.read()  # hold it until the test closes stdin or kills us\n")

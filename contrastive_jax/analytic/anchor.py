@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from contrastive_jax.analytic import batch
-from contrastive_jax.losses.similarity import MATMUL_PRECISION
+from contrastive_jax.losses.parts.similarity import MATMUL_PRECISION
 
 Array = jax.Array
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.similarity import MATMUL_PRECISION, similarities
+from contrastive_jax.losses.parts.similarity import MATMUL_PRECISION, similarities
 
 Array = jax.Array
 

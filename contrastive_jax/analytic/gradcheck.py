@@ -22,7 +22,7 @@ import numpy as np
 from contrastive_jax.analytic import anchor, batch
 from contrastive_jax.errors import InputError
 from contrastive_jax.losses import clip_loss, info_nce, l2_normalize, l2_normalize_vjp, nt_xent
-from contrastive_jax.losses.similarity import similarities
+from contrastive_jax.losses.parts.similarity import similarities
 
 Array = jax.Array
 Pair = tuple[Array, Array]

@@ -9,10 +9,10 @@ from contrastive_jax.losses.clip import clip_loss
 from contrastive_jax.losses.info_nce import info_nce, masked_logsumexp
 from contrastive_jax.losses.moco import moco_infonce
 from contrastive_jax.losses.mutual_information import mi_lower_bound
-from contrastive_jax.losses.normalize import l2_normalize, l2_normalize_vjp
 from contrastive_jax.losses.nt_xent import nt_xent
+from contrastive_jax.losses.parts.normalize import l2_normalize, l2_normalize_vjp
+from contrastive_jax.losses.parts.temperature import logit_scale
 from contrastive_jax.losses.siglip import siglip_loss
-from contrastive_jax.losses.temperature import logit_scale
 from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE
 
 __all__ = [

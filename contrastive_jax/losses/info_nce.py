@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from contrastive_jax.errors import InputError
-from contrastive_jax.losses.validation import check_has_negatives, loss_dtype
+from contrastive_jax.losses.parts.validation import check_has_negatives, loss_dtype
 
 Array = jax.Array
 

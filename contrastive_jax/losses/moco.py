@@ -9,9 +9,9 @@ from jax import lax
 
 from contrastive_jax.errors import InputError
 from contrastive_jax.losses.info_nce import masked_logsumexp, positive_relative_loss
-from contrastive_jax.losses.normalize import l2_normalize
-from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.validation import (
+from contrastive_jax.losses.parts.normalize import l2_normalize
+from contrastive_jax.losses.parts.similarity import similarities
+from contrastive_jax.losses.parts.validation import (
     check_embeddings,
     check_pair,
     check_positive,

@@ -8,11 +8,9 @@ import jax.numpy as jnp
 
 from contrastive_jax.errors import InputError
 from contrastive_jax.losses.info_nce import row_losses
-from contrastive_jax.losses.normalize import l2_normalize
-from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
-from contrastive_jax.losses.tiling.row_exchange import RowExchange
-from contrastive_jax.losses.validation import (
+from contrastive_jax.losses.parts.normalize import l2_normalize
+from contrastive_jax.losses.parts.similarity import similarities
+from contrastive_jax.losses.parts.validation import (
     check_block_size,
     check_has_negatives,
     check_ids,
@@ -21,6 +19,8 @@ from contrastive_jax.losses.validation import (
     check_positive,
     loss_dtype,
 )
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, infonce_tiled_jit
+from contrastive_jax.losses.tiling.row_exchange import RowExchange
 
 Array = jax.Array
 

@@ -62,15 +62,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import InputError
 from contrastive_jax.losses.clip import DIRECTION_WEIGHTS
-from contrastive_jax.losses.tiling.custom_vjps import (
-    DEFAULT_BLOCK_SIZE,
-    Setup,
-    default_ids,
-    infonce_tiled,
-    sigmoid_tiled,
-)
-from contrastive_jax.losses.tiling.row_exchange import STRATEGIES, RowExchange
-from contrastive_jax.losses.validation import (
+from contrastive_jax.losses.parts.validation import (
     check_block_size,
     check_choice,
     check_has_negatives,
@@ -80,6 +72,14 @@ from contrastive_jax.losses.validation import (
     check_scalar,
     loss_dtype,
 )
+from contrastive_jax.losses.tiling.custom_vjps import (
+    DEFAULT_BLOCK_SIZE,
+    Setup,
+    default_ids,
+    infonce_tiled,
+    sigmoid_tiled,
+)
+from contrastive_jax.losses.tiling.row_exchange import STRATEGIES, RowExchange
 from contrastive_jax.mesh import DATA_AXIS, check_divisible
 
 Array = jax.Array

@@ -9,12 +9,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.normalize import l2_normalize
-from contrastive_jax.losses.similarity import similarities
-from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, sigmoid_tiled_jit
-from contrastive_jax.losses.tiling.row_exchange import RowExchange
-from contrastive_jax.losses.validation import (
+from contrastive_jax.losses.parts.normalize import l2_normalize
+from contrastive_jax.losses.parts.similarity import similarities
+from contrastive_jax.losses.parts.temperature import logit_scale
+from contrastive_jax.losses.parts.validation import (
     check_block_size,
     check_has_negatives,
     check_ids,
@@ -24,6 +22,8 @@ from contrastive_jax.losses.validation import (
     check_scalar,
     loss_dtype,
 )
+from contrastive_jax.losses.tiling.custom_vjps import DEFAULT_BLOCK_SIZE, Setup, sigmoid_tiled_jit
+from contrastive_jax.losses.tiling.row_exchange import RowExchange
 
 Array = jax.Array
 

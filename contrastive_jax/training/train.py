@@ -53,12 +53,7 @@ from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import Method, method_for
-from contrastive_jax.training.run import checkpoints, init_from, json_output
-from contrastive_jax.training.run.config_record import (
-    check_config,
-    recorded_config,
-    write_config,
-)
+from contrastive_jax.training.run import checkpoints, init_from
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import (
     MetricWindow,
@@ -67,8 +62,14 @@ from contrastive_jax.training.run.progress import (
     scale_settings,
 )
 from contrastive_jax.training.run.skipped_updates import check_skipped_updates
-from contrastive_jax.training.run.workdir_lock import workdir_lock
-from contrastive_jax.training.run.workdir_path import workdir_path
+from contrastive_jax.training.run.workdir import json_output
+from contrastive_jax.training.run.workdir.config_record import (
+    check_config,
+    recorded_config,
+    write_config,
+)
+from contrastive_jax.training.run.workdir.workdir_lock import workdir_lock
+from contrastive_jax.training.run.workdir.workdir_path import workdir_path
 from contrastive_jax.training.step.accumulation import accumulation_steps
 from contrastive_jax.training.step.state_sharding import state_shardings
 from contrastive_jax.training.step.train_state import TrainState, create_state, params_digest
@@ -153,10 +154,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        accept_config_change: bool = False) -> dict[str, Any]:
     """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results.
 
-    The workdir is locked for the run (:mod:`~contrastive_jax.training.run.workdir_lock`) and its
-    ``config.json`` records ``config``; resuming with a different config raises a
-    :class:`ConfigError` listing the differences unless ``accept_config_change``
-    (:mod:`~contrastive_jax.training.run.config_record`).
+    The workdir is locked for the run
+    (:mod:`~contrastive_jax.training.run.workdir.workdir_lock`) and its ``config.json`` records
+    ``config``; resuming with a different config raises a :class:`ConfigError` listing the
+    differences unless ``accept_config_change``
+    (:mod:`~contrastive_jax.training.run.workdir.config_record`).
     """
     method = method_for(config)  # bad method or loss settings fail before any work
     config, lines = init_from.pretrained_preprocess(  # a converted CLIP's mean / std

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from contrastive_jax.losses.temperature import clip_active, logit_scale
+from contrastive_jax.losses.parts.temperature import clip_active, logit_scale
 from contrastive_jax.losses.tiling.row_exchange import RowExchange, meet_payloads
 from contrastive_jax.losses.tiling.tile import (
     Chunk,

@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from contrastive_jax.losses.normalize import clamped_norms
-from contrastive_jax.losses.similarity import MATMUL_PRECISION
+from contrastive_jax.losses.parts.normalize import clamped_norms
+from contrastive_jax.losses.parts.similarity import MATMUL_PRECISION
 
 Array = jax.Array
 

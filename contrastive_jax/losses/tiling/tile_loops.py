@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from contrastive_jax.losses.normalize import l2_normalize_vjp
-from contrastive_jax.losses.similarity import MATMUL_PRECISION
+from contrastive_jax.losses.parts.normalize import l2_normalize_vjp
+from contrastive_jax.losses.parts.similarity import MATMUL_PRECISION
 from contrastive_jax.losses.tiling.tile import (
     Chunk,
     Stats,

@@ -45,6 +45,8 @@ from jax.sharding import Mesh
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import clip_loss, nt_xent
+from contrastive_jax.losses.parts.temperature import logit_scale
+from contrastive_jax.losses.parts.validation import renamed_impl
 from contrastive_jax.losses.sharded import (
     STRATEGIES,
     sharded_clip_loss,
@@ -52,8 +54,6 @@ from contrastive_jax.losses.sharded import (
     sharded_siglip_loss,
 )
 from contrastive_jax.losses.siglip import siglip_loss
-from contrastive_jax.losses.temperature import logit_scale
-from contrastive_jax.losses.validation import renamed_impl
 
 LOSSES = ("nt_xent", "moco", "clip", "siglip")
 IMPLS = ("tiled", "dense_vjp", "autodiff")

@@ -13,7 +13,7 @@ import math
 
 import jax.numpy as jnp
 
-from contrastive_jax.losses.temperature import logit_scale
+from contrastive_jax.losses.parts.temperature import logit_scale
 from contrastive_jax.training.augmentations import augment_each
 from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import Method, MethodContext, example_keys

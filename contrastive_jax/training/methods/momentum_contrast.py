@@ -13,7 +13,7 @@ The method's settings are the config's ``moco`` block (:class:`MoCoSettings`)::
 
 (before, ``model.momentum`` and ``model.queue_size``: now a :class:`ConfigError` naming the new
 key; a workdir recorded with them resumes,
-:func:`contrastive_jax.training.run.config_record.upgrade`).
+:func:`contrastive_jax.training.run.workdir.config_record.upgrade`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import moco_infonce
-from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.parts.normalize import l2_normalize
 from contrastive_jax.training.augmentations import augment_each
 from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (

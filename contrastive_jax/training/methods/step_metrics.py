@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.normalize import l2_normalize
+from contrastive_jax.losses.parts.normalize import l2_normalize
 
 MAX_ANCHORS = 256
 

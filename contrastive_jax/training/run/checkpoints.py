@@ -38,7 +38,7 @@ from contrastive_jax.errors import (
     WorkdirError,
     storage_cause,
 )
-from contrastive_jax.training.run.workdir_path import absolute, is_remote
+from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
 from contrastive_jax.training.step.train_state import all_finite
 
 

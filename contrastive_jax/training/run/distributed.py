@@ -130,7 +130,7 @@ def check_same_config(config) -> None:
         return
     from jax.experimental import multihost_utils
 
-    from contrastive_jax.training.run.config_record import flatten, plain
+    from contrastive_jax.training.run.workdir.config_record import flatten, plain
 
     flat = {k: v for k, v in flatten(plain(config)).items()
             if not any(k == p or k.startswith(p + ".") for p in PER_PROCESS)}

@@ -51,7 +51,7 @@ from etils import epath
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.run.config_record import upgrade
+from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
 
 FIELDS = ("path", "source", "target")

@@ -13,10 +13,11 @@ since the previous line (:class:`MetricWindow`), not one noisy step; the step co
 counts global examples over the wall time since the previous line (so it includes data loading
 and logging), and the ETA extrapolates it to the remaining steps.
 
-On a remote workdir (``gs://``, :mod:`~contrastive_jax.training.run.workdir_path`) both files go
-through :class:`etils.epath.Path`; an object cannot be appended to, so each is kept in memory
-and uploaded whole: ``metrics.jsonl`` at every line (a resumed run first reads the lines before
-it), the TensorBoard event file whenever tensorboardX flushes (every 120 s and at the end).
+On a remote workdir (``gs://``, :mod:`~contrastive_jax.training.run.workdir.workdir_path`)
+both files go through :class:`etils.epath.Path`; an object cannot be appended to, so each is
+kept in memory and uploaded whole: ``metrics.jsonl`` at every line (a resumed run first reads
+the lines before it), the TensorBoard event file whenever tensorboardX flushes (every 120 s and
+at the end).
 
 The trainer's status lines name a config's non-default scale settings (:func:`scale_settings`)
 and what an evaluation computes (:func:`evaluation_names`).
@@ -36,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from contrastive_jax.training.run import json_output
-from contrastive_jax.training.run.workdir_path import is_remote
+from contrastive_jax.training.run.workdir import json_output
+from contrastive_jax.training.run.workdir.workdir_path import is_remote
 
 CONSOLE_KEYS = (("loss", "loss", "{:.4f}"), ("top1", "top1", "{:.3f}"),
                 ("mi_bound", "mi", "{:.2f}"), ("logit_scale", "scale", "{:.2f}"),

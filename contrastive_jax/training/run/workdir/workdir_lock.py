@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import jax
 
 from contrastive_jax.errors import WorkdirError
-from contrastive_jax.training.run.workdir_path import is_remote
+from contrastive_jax.training.run.workdir.workdir_path import is_remote
 
 LOCK_FILE = ".lock"
 

@@ -9,7 +9,7 @@ continue another experiment, so it stops with the list of differences, unless th
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``. Both files are read and written through
 :class:`etils.epath.Path`, so a ``gs://`` workdir works the same
-(:mod:`~contrastive_jax.training.run.workdir_path`).
+(:mod:`~contrastive_jax.training.run.workdir.workdir_path`).
 
 Records written by earlier releases are read in today's keys (:func:`upgrade`, applied to both
 sides before comparing), so a workdir keeps resuming across a rename of its config's keys:
@@ -39,7 +39,7 @@ from etils import epath
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import DEPRECATED_MODEL_NAMES, MOVED_TO_METHODS
-from contrastive_jax.training.run import json_output
+from contrastive_jax.training.run.workdir import json_output
 
 RECORD = "config.json"
 ADDED_FIELDS = {("data", "worker_count"): 0}  # fields records before them lack: their value

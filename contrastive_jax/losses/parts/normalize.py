@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from contrastive_jax.losses.validation import loss_dtype
+from contrastive_jax.losses.parts.validation import loss_dtype
 
 Array = jax.Array
 

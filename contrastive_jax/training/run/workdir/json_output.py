@@ -19,7 +19,7 @@ from typing import Any
 
 from etils import epath
 
-from contrastive_jax.training.run.workdir_path import is_remote
+from contrastive_jax.training.run.workdir.workdir_path import is_remote
 
 
 def strict(value: Any) -> Any:
