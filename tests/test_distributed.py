@@ -31,6 +31,22 @@ def test_single_process_unless_asked():
     assert initialize(Launch()) is False
 
 
+def test_the_bounded_waits_are_jax_defaults_in_the_class_and_the_base_config():
+    """Hosts of a large slice started over ssh arrive over minutes: the waits are JAX's own
+    defaults (300 s to initialise, 100 s heartbeat), not tighter."""
+    import inspect
+
+    from contrastive_jax.training.config import base_config
+
+    jax_defaults = inspect.signature(jax.distributed.initialize).parameters
+    expected = (jax_defaults["initialization_timeout"].default,
+                jax_defaults["heartbeat_timeout_seconds"].default)
+    assert expected == (300, 100)
+    launch = base_config().launch
+    assert (Launch().initialization_timeout_s, Launch().heartbeat_timeout_s) == expected
+    assert (launch.initialization_timeout_s, launch.heartbeat_timeout_s) == expected
+
+
 def test_settings_from_environment_and_config():
     env = {"CONTRASTIVE_JAX_COORDINATOR": "10.0.0.1:1234",
            "CONTRASTIVE_JAX_NUM_PROCESSES": "4", "CONTRASTIVE_JAX_PROCESS_ID": "3"}

@@ -105,7 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
         # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),
                    "num_processes": placeholder(int), "process_id": placeholder(int),
-                   "initialization_timeout_s": 120, "heartbeat_timeout_s": 30},
+                   "initialization_timeout_s": 300, "heartbeat_timeout_s": 100},
     })
 
 

@@ -43,9 +43,11 @@ class Launch:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
-    # Bounded waits: a peer that never arrives or dies makes the others fail, not hang.
-    initialization_timeout_s: int = 120
-    heartbeat_timeout_s: int = 30
+    # Bounded waits: a peer that never arrives or dies makes the others fail, not hang. JAX's
+    # own defaults (jax.distributed.initialize): hosts of a large slice started one by one over
+    # ssh can take minutes to arrive, and a short heartbeat kills a job over a slow host.
+    initialization_timeout_s: int = 300
+    heartbeat_timeout_s: int = 100
 
 
 def launch_settings(config: Mapping | None = None,
