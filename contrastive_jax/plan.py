@@ -1,44 +1,72 @@
-"""Memory plan before launch: will this config fit on that pod?
+"""Memory and speed plan before launch: will this config fit on that pod, and how fast?
 
-    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --devices=256
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --slice=v4-256
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --gpus=4x8:h100
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --devices=128
 
-compiles the config's train step ahead of time on ``--devices`` fake CPU devices, with abstract
-inputs (no parameter is initialised, no data is read), and prints what one device holds:
-parameters, optimiser state, the other state (BatchNorm statistics, MoCo's queue), the batch,
-and the compiled step's temporaries; then, against named accelerators, whether that fits
-(:data:`CHIPS`). The state bytes follow exactly from the shapes and ``config.sharding``
+turns the target into chips, hosts and memory per chip (:mod:`contrastive_jax.accelerators`:
+TPU v4 and v5p slice names count TensorCores, ``v4-256`` is 128 chips), compiles the config's
+train step ahead of time on that many fake CPU devices, with abstract inputs (no parameter is
+initialised, no data is read), and prints what one chip holds: parameters, optimiser state, the
+other state (BatchNorm statistics, MoCo's queue), the batch, and the compiled step's
+temporaries; whether that fits with at least 10% headroom; the step's FLOPs per chip, its time at
+a stated model-FLOPs utilisation (``--mfu``), the examples per second each host must deliver and
+the host CPU cores that takes for an image-text input. On a GPU target the usable memory is the
+fraction JAX preallocates (75% unless ``XLA_CLIENT_MEM_FRACTION`` says otherwise).
+
+When the config does not fit, the plan searches: it compiles candidates to find the smallest
+``accumulation_steps`` that fits (the divisors of the per-chip batch, starting from the one the
+first plan predicts: usually two compiles), then,
+if even one example per micro-batch does not fit, the same with FSDP and with remat, and prints
+the ``--config...`` overrides to paste. A status line on stderr says what is compiling and for
+how long (a compile of the pod template for 128 chips takes about 40 s on 2 cores).
+
+The state bytes follow exactly from the shapes and ``config.sharding``
 (:mod:`contrastive_jax.training.step.state_sharding`); the temporaries are XLA:CPU's for the same
 partitioned program, an approximation of the accelerator's (the TPU and GPU compilers fuse,
 lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
 The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
 which keeps rematerialisation as the accelerators do (XLA:CPU would otherwise undo it).
+The FLOPs are XLA's count for the compiled per-chip program of one step without accumulation
+(remat's recomputation included); XLA counts a loop body once, so the loss's loops over tiles
+and ring hops (well under 1% of a ViT step) are undercounted.
 
 Exit status 2 with one line ``error: ...`` for a config that cannot be compiled (a batch that
-does not divide over the devices, an unknown setting), as the trainer would say at start.
+does not divide over the devices, an unknown setting), an unknown slice name, a GPU spec
+without memory, or a batch that no candidate fits, as the trainer would say at start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TextIO
 
 from absl import app, flags, logging
 
+from contrastive_jax.accelerators import GiB, Target, gpu_cluster, tpu_slice
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
 
-GiB = 2**30
-# accelerator memory per chip (HBM), bytes
+# accelerator memory per chip (HBM), bytes: the chips a plan without a target compares with
 CHIPS = {"TPU v4": 32 * GiB, "TPU v5e": 16 * GiB, "TPU v5p": 95 * GiB, "TPU v6e": 32 * GiB,
          "A100 80GB": 80 * GiB, "H100": 80 * GiB}
 HEADROOM = 0.9  # a plan fits a chip when it needs at most this fraction of its memory
+DEFAULT_MFU = 0.4  # the model-FLOPs utilisation the step time is stated at
+# Images per CPU-second of the pod template's input pipeline (uint8, reduced JPEG decode; the
+# best row of experiments/results/image_input_bench.md, 2 cores of the 2026-12-02 machine).
+IMAGES_PER_CORE_SECOND = 211.6
+STATUS_EVERY_S = 15.0
 
 
 @dataclasses.dataclass
 class Plan:
-    """Bytes per device of one train step (see :func:`plan`)."""
+    """Bytes per device of one train step (see :func:`plan`), and its FLOPs."""
 
     devices: int
     global_batch: int
@@ -51,6 +79,7 @@ class Plan:
     arguments: int  # everything the step reads (state + batch), as XLA counts it
     outputs_not_aliased: int  # outputs that do not reuse a donated input buffer
     compile_s: float
+    flops: float | None = None  # XLA's count for the per-device program (loop bodies once)
 
     @property
     def total(self) -> int:
@@ -66,8 +95,9 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
 
     The sample encoder's input (``config.input_key``): ViT ``(image_size, image_size,
     in_channels)``, signal CNN ``(length, in_channels)``, MLP ``(in_features,)``; ResNet needs
-    ``data.preprocess.image_size``. Dual encoders add ``text_key``: ``(max_tokens,)`` int32.
-    A ``loss.positive_ids`` feature is ``()`` int32.
+    ``data.preprocess.image_size``. Images come as uint8 with the ``image_text`` preprocessing
+    (the host sends uint8, the device normalises), float32 otherwise. Dual encoders add
+    ``text_key``: ``(max_tokens,)`` int32. A ``loss.positive_ids`` feature is ``()`` int32.
     """
     model = config.model
     encoder = model.get("sample_encoder") or model.get("encoder")
@@ -86,7 +116,9 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
         shape = (size, size, encoder.get("in_channels", 3))
     else:
         raise ConfigError(f"the plan does not know the input of encoder {name!r}")
-    shapes = {config.input_key: (shape, "float32")}
+    image_text = (config.data.get("preprocess") or {}).get("name") == "image_text"
+    shapes = {config.input_key: (shape, "uint8" if image_text and len(shape) == 3
+                                 else "float32")}
     if model.get("name") == "dual_encoder":
         shapes[config.get("text_key", "caption")] = ((model.text_encoder["max_tokens"],),
                                                      "int32")
@@ -95,12 +127,51 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
     return shapes
 
 
-def plan(config, mesh) -> Plan:
+@contextlib.contextmanager
+def compiling(what: str, stream: TextIO | None = None,
+              every: float = STATUS_EVERY_S) -> Iterator[None]:
+    """A status line on ``stream`` (stderr) while a compile runs: ``plan: compiling WHAT``
+    at the start, the elapsed time every ``every`` seconds, ``compiled in N s`` at the end."""
+    stream = sys.stderr if stream is None else stream
+    start = time.perf_counter()
+    done = threading.Event()
+    print(f"plan: compiling {what} ...", file=stream, flush=True)
+
+    def tick() -> None:
+        while not done.wait(every):
+            print(f"plan: still compiling {what}: {time.perf_counter() - start:.0f} s",
+                  file=stream, flush=True)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        print(f"plan: compiled {what} in {time.perf_counter() - start:.0f} s", file=stream,
+              flush=True)
+
+
+def _flops(compiled) -> float | None:
+    """XLA's FLOP count of a compiled program (a dict, or a one-element list on older JAX)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # a backend without cost analysis
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    value = (cost or {}).get("flops")
+    return float(value) if value is not None and value >= 0 else None
+
+
+def plan(config, mesh, *, status: TextIO | None = None) -> Plan:
     """Compile ``config``'s train step on ``mesh`` with abstract inputs; the bytes per device.
 
     The state is built with ``jax.eval_shape`` (shapes only) and placed by ``config.sharding``;
     the batch is ``data.batch_size`` rows of :func:`example_shapes` split over ``data``.
-    Settings the trainer refuses at start are a :class:`ConfigError` here too.
+    Settings the trainer refuses at start are a :class:`ConfigError` here too. With ``status``
+    (a stream), a status line says what compiles (:func:`compiling`).
     """
     import jax
     from jax.sharding import NamedSharding
@@ -132,9 +203,13 @@ def plan(config, mesh) -> Plan:
     batch = {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=batch_sharding)
              for k, (shape, dtype) in example_shapes(config).items()}
     step = compiled_step(config, mesh, built["graphdef"], state, built["tx"], steps, method)
+    what = (f"the train step for {mesh.devices.size} devices (accumulation_steps="
+            f"{accumulation}{', remat' if config.model.get('remat') else ''}, "
+            f"{(config.get('sharding') or {}).get('params', 'replicated')} parameters)")
     start = time.perf_counter()
-    # keep remat's barriers, as the TPU and GPU compilers do (XLA:CPU would undo remat)
-    compiled = step.lower(state, batch).compile(compiler_options=CPU_COMPILER_OPTIONS)
+    with compiling(what, status) if status is not None else contextlib.nullcontext():
+        # keep remat's barriers, as the TPU and GPU compilers do (XLA:CPU would undo remat)
+        compiled = step.lower(state, batch).compile(compiler_options=CPU_COMPILER_OPTIONS)
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
     if memory is None:
@@ -153,58 +228,267 @@ def plan(config, mesh) -> Plan:
         arguments=int(memory.argument_size_in_bytes),
         outputs_not_aliased=max(0, int(memory.output_size_in_bytes)
                                 - int(memory.alias_size_in_bytes)),
-        compile_s=seconds)
+        compile_s=seconds, flops=_flops(compiled))
+
+
+# --------------------------------------------------------------------- the search for a fit
+@dataclasses.dataclass
+class Search:
+    """What the plan tried when the config did not fit: ``(overrides, plan)`` per compile, in
+    order, and the overrides of the smallest candidate that fits (``None``: none fits)."""
+
+    tried: list[tuple[dict[str, object], Plan]]
+    answer: dict[str, object] | None
+
+
+def with_overrides(config, overrides: Mapping[str, object]):
+    """A copy of ``config`` with dotted ``overrides`` (``{"model.remat": True}``) set."""
+    copy = config.copy_and_resolve_references()
+    with copy.unlocked():  # model.remat may be new to a config that never set it
+        for key, value in overrides.items():
+            *parents, leaf = key.split(".")
+            node = copy
+            for parent in parents:
+                node = node[parent]
+            node[leaf] = value
+    return copy
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def find_fit(config, mesh, budget: int, planned: Plan,
+             compile_plan: Callable[..., Plan] | None = None) -> Search:
+    """The smallest ``accumulation_steps`` (then with FSDP, then with remat as well, for what
+    the config does not already have) whose plan needs at most ``budget`` bytes per device.
+
+    Candidates are the divisors of the per-device batch above the config's own; memory falls
+    as the micro-batch shrinks. The first candidate compiled is the one ``planned`` predicts
+    (its temporaries taken as proportional to the micro-batch), then the search walks to the
+    smallest divisor that fits (down while the one below fits, up while it does not): usually
+    two compiles. With FSDP or remat added there is no plan to predict from, and the search
+    bisects. ``compile_plan(config, mesh)`` defaults to :func:`plan` (tests pass a model).
+    """
+    compile_plan = plan if compile_plan is None else compile_plan
+    per_device = planned.global_batch // planned.devices
+    tried: list[tuple[dict[str, object], Plan]] = []
+    fits: dict[tuple, bool] = {}
+
+    def check(extra: dict[str, object], k: int) -> bool:
+        key = (tuple(extra.items()), k)
+        if key not in fits:
+            overrides = {**extra, "accumulation_steps": k}
+            result = compile_plan(with_overrides(config, overrides), mesh)
+            tried.append((overrides, result))
+            fits[key] = result.total <= budget
+        return fits[key]
+
+    k0 = planned.accumulation_steps
+    ladders: list[dict[str, object]] = [{}]
+    if (config.get("sharding") or {}).get("params", "replicated") != "fsdp":
+        ladders.append({"sharding.params": "fsdp"})
+    if not config.model.get("remat"):
+        ladders.append({**ladders[-1], "model.remat": True})
+    for extra in ladders:
+        candidates = [k for k in divisors(per_device) if k > k0 or (extra and k == k0)]
+        if not candidates:
+            continue
+        if not extra:  # predict from the plan at k0, then walk
+            fixed = planned.total - planned.temporaries
+            i = next((i for i, k in enumerate(candidates)
+                      if fixed + planned.temporaries * k0 / k <= budget), len(candidates) - 1)
+            if check(extra, candidates[i]):
+                while i > 0 and check(extra, candidates[i - 1]):
+                    i -= 1
+                return Search(tried, {**extra, "accumulation_steps": candidates[i]})
+            while i + 1 < len(candidates):
+                i += 1
+                if check(extra, candidates[i]):
+                    return Search(tried, {**extra, "accumulation_steps": candidates[i]})
+            continue
+        lo, hi, best = 0, len(candidates) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if check(extra, candidates[mid]):
+                best, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return Search(tried, {**extra, "accumulation_steps": candidates[best]})
+    return Search(tried, None)
+
+
+def paste(overrides: Mapping[str, object]) -> str:
+    """``--config.KEY=VALUE`` flags for ``overrides``."""
+    return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
+
+
+# --------------------------------------------------------------------------------- report
+def _size(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.2f} MiB"
+
+
+def memory_lines(p: Plan) -> list[str]:
+    """The bytes-per-device table."""
+    def gib(n: int) -> str:
+        return f"{n / GiB:8.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:8.2f} MiB"
+
+    return ["per device                     ",
+            f"  parameters                   {gib(p.params)}",
+            f"  optimiser state              {gib(p.opt_state)}",
+            f"  other state (BN, queue, ...) {gib(p.other_state)}",
+            f"  batch                        {gib(p.batch)}",
+            f"  step temporaries (XLA:CPU)   {gib(p.temporaries)}",
+            f"  total (inputs + new outputs + temporaries) {gib(p.total).strip()}"]
+
+
+def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
+    per_device = p.global_batch // p.devices
+    micro = (f", {p.accumulation_steps} micro-batches of {per_device // p.accumulation_steps}"
+             if p.accumulation_steps > 1 else "")
+    where = f"{p.devices} devices"
+    if target is not None:
+        where = (f"{target.kind} {target.name} ({target.chips} chips on {target.hosts} "
+                 f"host{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)"
+                 if target.kind.startswith("TPU") else
+                 f"{target.chips} GPUs ({target.kind}, {target.hosts} node"
+                 f"{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)")
+    return (f"memory plan: {config_name} on {where}, global batch {p.global_batch} "
+            f"({per_device} per device{micro}); compiled in {p.compile_s:.0f} s on CPU")
 
 
 def report(p: Plan, config_name: str, chips: Mapping[str, int] = CHIPS) -> str:
     """The plan as a table: bytes per device, and which chips it fits (at most
     :data:`HEADROOM` of their memory)."""
-    def gib(n: int) -> str:
-        return f"{n / GiB:8.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:8.2f} MiB"
-
-    per_device = p.global_batch // p.devices
-    micro = (f", {p.accumulation_steps} micro-batches of {per_device // p.accumulation_steps}"
-             if p.accumulation_steps > 1 else "")
-    lines = [f"memory plan: {config_name} on {p.devices} devices, global batch "
-             f"{p.global_batch} ({per_device} per device{micro}); compiled in "
-             f"{p.compile_s:.0f} s on CPU",
-             "",
-             "per device                     ",
-             f"  parameters                   {gib(p.params)}",
-             f"  optimiser state              {gib(p.opt_state)}",
-             f"  other state (BN, queue, ...) {gib(p.other_state)}",
-             f"  batch                        {gib(p.batch)}",
-             f"  step temporaries (XLA:CPU)   {gib(p.temporaries)}",
-             f"  total (inputs + new outputs + temporaries) {gib(p.total).strip()}",
-             ""]
+    lines = [headline(p, config_name), "", *memory_lines(p), ""]
     for chip, size in chips.items():
         verdict = "fits" if p.fits(size) else "does NOT fit"
         lines.append(f"  {chip:10s} {size / GiB:5.0f} GiB: {verdict} "
                      f"({100 * p.total / size:.0f}% of its memory)")
     lines.append("")
-    lines.append("The temporaries are XLA:CPU's compile of the same partitioned step: the TPU/GPU "
-                 "compilers fuse and lay out differently, so treat them as an estimate and keep "
-                 f"headroom (a chip 'fits' at <= {HEADROOM:.0%} of its memory).")
+    lines.append(_CAVEAT)
     return "\n".join(lines)
 
 
-_DEVICES = flags.DEFINE_integer("devices", 8, "Fake CPU devices to plan for (the pod's chips).")
+_CAVEAT = ("The temporaries are XLA:CPU's compile of the same partitioned step: the TPU/GPU "
+           "compilers fuse and lay out differently, so treat them as an estimate and keep "
+           f"headroom (a chip 'fits' at <= {HEADROOM:.0%} of its memory).")
+
+
+@dataclasses.dataclass
+class Speed:
+    """The step's time and input rate on a target at a stated model-FLOPs utilisation."""
+
+    flops_per_chip: float
+    mfu: float
+    step_s: float | None  # None when the target's peak is unknown
+    examples_per_s_per_host: float | None
+    host_cores: float | None  # for an image input, at IMAGES_PER_CORE_SECOND
+
+    @classmethod
+    def of(cls, p: Plan, flops: float, target: Target, mfu: float, images: bool) -> Speed:
+        if target.peak_flops is None:
+            return cls(flops, mfu, None, None, None)
+        step_s = flops / (mfu * target.peak_flops)
+        per_host = p.global_batch / step_s / target.hosts
+        return cls(flops, mfu, step_s, per_host,
+                   per_host / IMAGES_PER_CORE_SECOND if images else None)
+
+
+def target_report(p: Plan, config_name: str, target: Target, search: Search | None,
+                  speed: Speed | None) -> str:
+    """The plan against one target: the bytes, the verdict (with the search when it did not
+    fit), and the speed at the stated utilisation."""
+    budget = HEADROOM * target.usable
+    lines = [headline(p, config_name, target), "", *memory_lines(p), ""]
+    usable = (f"{_size(target.usable)} usable = {target.usable_fraction:.0%} of "
+              f"{_size(target.memory)} (JAX's GPU preallocation; XLA_CLIENT_MEM_FRACTION)"
+              if target.usable_fraction < 1 else _size(target.memory))
+    fits = p.total <= budget
+    lines.append(f"  {'fits' if fits else 'does NOT fit'}: {_size(p.total)} of {usable} "
+                 f"({100 * p.total / target.usable:.0f}%; the plan asks <= {HEADROOM:.0%})")
+    if target.usable_fraction < 1 and not fits and p.total <= HEADROOM * target.memory:
+        lines.append(f"  it would fit with XLA_CLIENT_MEM_FRACTION=.95 "
+                     f"({100 * p.total / target.memory:.0f}% of the whole memory)")
+    if search is not None:
+        lines += ["", "search (each candidate compiled):"]
+        for overrides, result in search.tried:
+            ok = result.total <= budget
+            lines.append(f"  {paste(overrides):72s} {_size(result.total):>10s} "
+                         f"{'fits' if ok else 'does not fit'}")
+        if search.answer is not None:
+            needs = [name for key, name in (("sharding.params", "FSDP"), ("model.remat", "remat"))
+                     if key in search.answer]
+            lines += ["", f"smallest that fits: accumulation_steps="
+                          f"{search.answer['accumulation_steps']}"
+                          + (f" (needs {' and '.join(needs)})" if needs else "")
+                          + "; add to the command:",
+                      f"  {paste(search.answer)}"]
+    if speed is not None:
+        lines += ["", f"speed at {speed.mfu:.0%} model-FLOPs utilisation (--mfu):",
+                  f"  FLOPs per chip per step    {speed.flops_per_chip / 1e12:.2f} TFLOP "
+                  "(XLA's count of the compiled step, no accumulation)"]
+        if speed.step_s is None:
+            lines.append("  step time: unknown peak FLOP/s for this GPU (name it, e.g. "
+                         "4x8:h100)")
+        else:
+            lines.append(f"  step time                  {speed.step_s:.3f} s at "
+                         f"{speed.mfu:.0%} of {target.peak_flops / 1e12:.0f} TFLOP/s")
+            lines.append(f"  examples/s                 {p.global_batch / speed.step_s:,.0f} "
+                         f"in all, {speed.examples_per_s_per_host:,.0f} per host")
+            if speed.host_cores is not None:
+                lines.append(f"  host CPU cores for input   {math.ceil(speed.host_cores)} "
+                             f"per host (at {IMAGES_PER_CORE_SECOND} images per core-second: "
+                             "experiments/results/image_input_bench.md)")
+    lines += ["", _CAVEAT]
+    return "\n".join(lines)
+
+
+_DEVICES = flags.DEFINE_integer("devices", None, "Fake CPU devices to plan for (the pod's "
+                                "chips), compared with every chip of CHIPS; default 8.")
+_SLICE = flags.DEFINE_string("slice", "", "A TPU slice to plan for: v4-256 (v4 and v5p names "
+                             "count TensorCores, 2 per chip), v5litepod-64 or v5e-64, v6e-256.")
+_GPUS = flags.DEFINE_string("gpus", "", "A GPU cluster to plan for: NODESxGPUS:MEMORY, e.g. "
+                            "4x8:80GiB, or NODESxGPUS:NAME (a100-40, a100-80, h100).")
+_MFU = flags.DEFINE_float("mfu", DEFAULT_MFU, "Model-FLOPs utilisation the step time is stated "
+                          "at (a fraction of the chip's peak bf16 FLOP/s).")
+_SEARCH = flags.DEFINE_bool("search", True, "When the config does not fit the target, compile "
+                            "candidates to find the smallest accumulation_steps that fits.")
 _JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device) to this JSON file.")
 _CHIPS = flags.DEFINE_list("chips", [], f"Chips to compare with (default: {', '.join(CHIPS)}).")
 
 
+def target_from_flags() -> Target | None:
+    """The ``--slice`` or ``--gpus`` target (at most one), checked against ``--devices``."""
+    if _SLICE.value and _GPUS.value:
+        raise ConfigError("give --slice or --gpus, not both")
+    target = (tpu_slice(_SLICE.value) if _SLICE.value else
+              gpu_cluster(_GPUS.value) if _GPUS.value else None)
+    if target is not None and _DEVICES.value is not None and _DEVICES.value != target.chips:
+        raise ConfigError(f"--devices={_DEVICES.value} but {target.name} has {target.chips} "
+                          "chips; drop --devices")
+    if not 0 < _MFU.value <= 1:
+        raise ConfigError(f"--mfu must be a fraction in (0, 1]; got {_MFU.value}")
+    return target
+
+
 def main(argv: Sequence[str]) -> None:
-    """Plan ``--config`` on ``--devices`` fake CPU devices and print the table."""
+    """Plan ``--config`` for ``--slice``/``--gpus`` (or on ``--devices`` fake CPU devices) and
+    print the tables."""
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments: {list(argv[1:])}")
     import jax
 
-    if _DEVICES.value < 1:
-        raise ConfigError(f"--devices must be >= 1; got {_DEVICES.value}")
+    target = target_from_flags()
+    devices = target.chips if target is not None else (_DEVICES.value or 8)
+    if devices < 1:
+        raise ConfigError(f"--devices must be >= 1; got {devices}")
     if not flags.FLAGS["verbosity"].present:  # optax and orbax log at INFO
         logging.set_verbosity(logging.WARNING)
     jax.config.update("jax_platforms", "cpu")
-    jax.config.update("jax_num_cpu_devices", _DEVICES.value)
+    jax.config.update("jax_num_cpu_devices", devices)
     from contrastive_jax.main import load_config
     from contrastive_jax.mesh import make_mesh
 
@@ -215,14 +499,49 @@ def main(argv: Sequence[str]) -> None:
         raise ConfigError(f"unknown chips {unknown}; known: {sorted(CHIPS)}")
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     name = flags.FLAGS["config"].serialize().partition("=")[2]
-    result = plan(config, mesh)
-    print(report(result, name, chips))
+    result = plan(config, mesh, status=sys.stderr)
+    record = {**dataclasses.asdict(result), "total": result.total}
+    if target is None:
+        print(report(result, name, chips))
+        record["fits"] = {chip: result.fits(size) for chip, size in chips.items()}
+    else:
+        record.update(target_plan(config, mesh, result, name, target, _MFU.value,
+                                  _SEARCH.value))
     if _JSON.value:
         from contrastive_jax.training.run.workdir import json_output
 
-        json_output.write_atomic(_JSON.value, {
-            **dataclasses.asdict(result), "total": result.total,
-            "fits": {chip: result.fits(size) for chip, size in chips.items()}})
+        json_output.write_atomic(_JSON.value, record)
+    if target is not None and record["fits_target"] is False and _SEARCH.value and \
+            record["search"]["answer"] is None:
+        raise ConfigError(f"{name} does not fit {target.name} even with one example per "
+                          "micro-batch, FSDP and remat; use a larger slice (more chips) or a "
+                          "smaller data.batch_size")
+
+
+def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: float,
+                search: bool) -> dict:
+    """Print the plan against ``target`` (searching for a fit when it does not fit and
+    ``search``); the JSON record's target fields."""
+    budget = HEADROOM * target.usable
+    fits = result.total <= budget
+    found = find_fit(config, mesh, budget, result,
+                     lambda c, m: plan(c, m, status=sys.stderr)) if not fits and search else None
+    final = (found.answer if found is not None and found.answer is not None else {})
+    # accumulation's scan is counted once: the FLOPs come from the program without it
+    if result.accumulation_steps == 1 and set(final) <= {"accumulation_steps"}:
+        flops = result.flops
+    else:
+        flops = plan(with_overrides(config, {**final, "accumulation_steps": 1}), mesh,
+                     status=sys.stderr).flops
+    images = any(len(shape) == 3 for shape, _ in example_shapes(config).values())
+    speed = Speed.of(result, flops, target, mfu, images) if flops else None
+    print(target_report(result, name, target, found, speed))
+    return {"target": dataclasses.asdict(target), "usable_bytes": target.usable,
+            "fits_target": fits,
+            "search": None if found is None else {
+                "tried": [{"overrides": o, "total": r.total} for o, r in found.tried],
+                "answer": found.answer},
+            "speed": None if speed is None else dataclasses.asdict(speed)}
 
 
 def run() -> None:
