@@ -13,13 +13,16 @@ cores with another job running (measured 2026-12-01) it takes 2.5 minutes, ``--q
 
 from __future__ import annotations
 
-import argparse
 import math
+import sys
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+from absl import flags
 
+from contrastive_jax import command_line
 from contrastive_jax.analytic import gradcheck
 from contrastive_jax.losses import clip_loss, info_nce, mi_lower_bound, moco_infonce, nt_xent
 from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
@@ -68,22 +71,33 @@ def show_losses(n: int, d: int, rho: float) -> None:
     print()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m contrastive_jax.demo``: the losses, then the gradient-check table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--dim", type=int, default=8)
-    parser.add_argument("--rho", type=float, default=0.5, help="per-dimension correlation")
-    parser.add_argument("--quick", action="store_true", help="one small shape in the gradcheck")
-    parser.add_argument("--skip-gradcheck", action="store_true",
-                        help="only the losses (experiments/gradcheck.py writes the table)")
-    args = parser.parse_args(argv)
+FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
+_BATCH = flags.DEFINE_integer("batch", 256, "rows of the synthetic batch", flag_values=FLAGS)
+_DIM = flags.DEFINE_integer("dim", 8, "dimensions of each row", flag_values=FLAGS)
+_RHO = flags.DEFINE_float("rho", 0.5, "per-dimension correlation", flag_values=FLAGS)
+_QUICK = flags.DEFINE_bool("quick", False, "one small shape in the gradcheck", flag_values=FLAGS)
+_SKIP_GRADCHECK = flags.DEFINE_bool(
+    "skip-gradcheck", False, "only the losses (experiments/gradcheck.py writes the table)",
+    flag_values=FLAGS)
+COMMAND = command_line.Command(program="python -m contrastive_jax.demo", doc=__doc__,
+                               flag_values=FLAGS)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m contrastive_jax.demo`` (``argv``: its arguments, ``sys.argv[1:]`` when
+    None): the losses, then the gradient-check table; the exit status
+    (:func:`contrastive_jax.command_line.run`)."""
+    return command_line.run(COMMAND, _tour, argv)
+
+
+def _tour(positional: list[str]) -> None:
+    """Print the losses on the synthetic batch, then (unless skipped) the gradient check."""
     enable_compilation_cache()
     print(f"contrastive_jax demo on {jax.device_count()} {jax.devices()[0].platform} device(s)\n")
-    show_losses(args.batch, args.dim, args.rho)
-    if args.skip_gradcheck:
+    show_losses(_BATCH.value, _DIM.value, _RHO.value)
+    if _SKIP_GRADCHECK.value:
         return
-    shapes = ((3, 2),) if args.quick else gradcheck.DEFAULT_SHAPES
+    shapes = ((3, 2),) if _QUICK.value else gradcheck.DEFAULT_SHAPES
     print(f"Gradient check: every closed form vs jax.grad, shapes (n, d) in {list(shapes)}")
     start = time.time()
 
@@ -100,4 +114,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,15 +7,19 @@ checkpoints resumes. Results go to ``DIR/results.json``, TensorBoard scalars to
 ``DIR/checkpoints``. ``DIR`` may be ``gs://bucket/path`` (the ``gcs`` extra; docs/launching.md,
 "Remote workdirs").
 
+``--help`` lists the flags and the config files of ``configs/`` with their variants and
+defaults; JAX's options are flags too, e.g. ``--jax_num_cpu_devices=8``
+(:mod:`contrastive_jax.command_line`).
+
 Exit status (docs/reliability.md):
 
 - 0: the run finished, or was stopped by SIGTERM/SIGINT after saving a checkpoint;
 - 2: a problem the user can fix, one paragraph ``error: ...`` on stderr and no traceback: a bad
   config, variant or flag, data that is not prepared, an unusable workdir or checkpoint, a run
-  that kept producing non-finite losses (every :class:`contrastive_jax.errors.
-  ContrastiveJaxError`), a write the system refused (disk full, file-size limit, read-only
-  files: :func:`contrastive_jax.errors.storage_cause`). ``CONTRASTIVE_JAX_TRACEBACK=1`` shows
-  the traceback as well;
+  that kept producing non-finite losses (every
+  :class:`contrastive_jax.errors.ContrastiveJaxError`), a write the system refused (disk full,
+  file-size limit, read-only files: :func:`contrastive_jax.errors.storage_cause`).
+  ``CONTRASTIVE_JAX_TRACEBACK=1`` shows the traceback as well;
 - 1: anything else, with its traceback: a bug (please report it).
 """
 
@@ -26,10 +30,13 @@ import os
 import sys
 import traceback
 import uuid
+from collections.abc import Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
+from contrastive_jax import command_line
+from contrastive_jax.command_line import flag_error, last_line
 from contrastive_jax.errors import (
     ConfigError,
     ContrastiveJaxError,
@@ -45,8 +52,9 @@ from contrastive_jax.training.run.distributed import (
 )
 from contrastive_jax.training.run.workdir.workdir_path import is_remote, workdir_path
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config file (.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Training config file, configs/NAME.py[:VARIANTS] (the config files "
+    "below); --config.FIELD=VALUE overrides a field.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and results.")
 _ACCEPT_CHANGE = flags.DEFINE_bool(
     "accept_config_change", False,
@@ -83,18 +91,21 @@ def parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except ContrastiveJaxError as err:  # config_flags re-raises it with the loader's traceback
-        raise type(err)(_last_line(err)) from None
+        raise type(err)(last_line(err)) from None
     except flags.Error as err:
         cause = err.__context__
         if isinstance(cause, ContrastiveJaxError):  # raised by the config file's get_config
-            raise ConfigError(_last_line(cause)) from None
-        raise _config_file_error(err, argv) or ConfigError(_last_line(err)) from None
+            raise ConfigError(last_line(cause)) from None
+        raise _config_file_error(err, argv) or flag_error(err, PROGRAM) from None
     except AttributeError as err:  # ml_collections: an override naming no field
         raise _config_file_error(err, argv) or ConfigError(
             "unknown config key " + str(err).strip().strip("'\"").replace("\\n", "\n")
             .replace("\\'", "'")) from None
     except Exception as err:  # the config file's own code raised: its line, not importlib's
         config_error = _config_file_error(err, argv)
+        if config_error is None and isinstance(err, OSError) and \
+                "earlier failure to load" in str(err):  # an override of a file not loaded
+            config_error = ConfigError(f"--config could not be loaded: {last_line(err)}")
         if config_error is None:
             raise
         raise config_error from err  # its traceback with CONTRASTIVE_JAX_TRACEBACK=1
@@ -126,15 +137,6 @@ def _config_file_error(err: BaseException, argv: list[str]) -> ConfigError | Non
     return None
 
 
-def _last_line(err: BaseException) -> str:
-    """The last line of an error's message, without a ``module.ErrorClass: `` prefix (what
-    is left of a traceback that a library folded into the message)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    last = lines[-1] if lines else type(err).__name__
-    head, sep, rest = last.partition(": ")
-    return rest if sep and head.rpartition(".")[2].endswith("Error") else last
-
-
 def load_config():
     """The parsed ``--config`` (a locked ConfigDict); a config file that fails to load is a
     :class:`ConfigError` saying why."""
@@ -143,14 +145,14 @@ def load_config():
         config.keys()  # a file that failed to load leaves a placeholder that raises here
     except OSError as err:
         raise ConfigError(f"--config={flags.FLAGS['config'].serialize().partition('=')[2]} "
-                          f"could not be loaded: {_last_line(err)}") from None
+                          f"could not be loaded: {last_line(err)}") from None
     return config
 
 
-def main(argv: list[str]) -> None:
-    """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing)."""
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments: {argv[1:]}")
+def main(positional: list[str]) -> None:
+    """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing; the command
+    takes no positional arguments: :data:`COMMAND`)."""
+    del positional  # always empty
     if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
         logging.set_verbosity(logging.WARNING)
     config = load_config()
@@ -173,23 +175,26 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
-def run() -> None:
-    """``app.run(main)``; the project's own errors as one paragraph and exit status 2."""
-    flags.mark_flags_as_required(["config", "workdir"])
+PROGRAM = "python -m contrastive_jax.main"
+COMMAND = command_line.Command(
+    program=PROGRAM, doc=__doc__, flag_names=("config", "workdir", "accept_config_change"),
+    required=("config", "workdir"), parse=parse_flags, configs=True)
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """The command line (``argv``: the arguments, ``sys.argv[1:]`` when None), through
+    :func:`contrastive_jax.command_line.run`: the project's own errors as one paragraph and
+    exit status 2; so is a write the system refused (:func:`storage_cause`)."""
     sys.unraisablehook = _drop_closed_loop_callbacks
     try:
-        app.run(main, flags_parser=parse_flags)
-    except ContrastiveJaxError as err:
-        if os.environ.get("CONTRASTIVE_JAX_TRACEBACK"):
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        status = command_line.run(COMMAND, main, argv)
     except Exception as err:  # a write the system refused is the user's to fix, not a bug
         cause = storage_cause(err)
-        if cause is None or os.environ.get("CONTRASTIVE_JAX_TRACEBACK"):
+        if cause is None or os.environ.get(command_line.TRACEBACK_ENV):
             raise
         print(f"error: {storage_message(cause, _WORKDIR.value)}", file=sys.stderr)
-        sys.exit(2)
+        status = 2
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TextIO
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from contrastive_jax.accelerators import GiB, Target, gpu_cluster, tpu_slice
-from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax.errors import ConfigError
 
 # accelerator memory per chip (HBM), bytes: the chips a plan without a target compares with
 CHIPS = {"TPU v4": 32 * GiB, "TPU v5e": 16 * GiB, "TPU v5p": 95 * GiB, "TPU v6e": 32 * GiB,
@@ -345,6 +345,7 @@ def memory_lines(p: Plan) -> list[str]:
 
 
 def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
+    """The plan's first line: the config, where it runs, the batch and the compile time."""
     per_device = p.global_batch // p.devices
     micro = (f", {p.accumulation_steps} micro-batches of {per_device // p.accumulation_steps}"
              if p.accumulation_steps > 1 else "")
@@ -477,8 +478,6 @@ def target_from_flags() -> Target | None:
 def main(argv: Sequence[str]) -> None:
     """Plan ``--config`` for ``--slice``/``--gpus`` (or on ``--devices`` fake CPU devices) and
     print the tables."""
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments: {list(argv[1:])}")
     import jax
 
     target = target_from_flags()
@@ -544,17 +543,19 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
             "speed": None if speed is None else dataclasses.asdict(speed)}
 
 
-def run() -> None:
-    """``app.run(main)``; the project's errors as ``error: ...`` and exit status 2."""
+def run(argv: Sequence[str] | None = None) -> None:
+    """The command line (``argv``: its arguments, ``sys.argv[1:]`` when None) through
+    :func:`contrastive_jax.command_line.run`: help with the config files, ``--jax_*`` flags,
+    the project's errors as ``error: ...`` and exit status 2."""
+    from contrastive_jax import command_line
     from contrastive_jax.main import parse_flags  # defines --config
 
-    flags.mark_flags_as_required(["config"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        app.run(main, flags_parser=parse_flags)
-    except ContrastiveJaxError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    names = ("config", *(f.name for f in (_DEVICES, _SLICE, _GPUS, _MFU, _SEARCH, _JSON,
+                                          _CHIPS)))
+    sys.exit(command_line.run(command_line.Command(
+        program="python -m contrastive_jax.plan", doc=__doc__, flag_names=names,
+        required=("config",), parse=parse_flags, configs=True), main, argv))
 
 
 if __name__ == "__main__":

@@ -204,10 +204,12 @@ def test_prepare_command_line(tmp_path):
                          timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "digits:" in run.stdout and "'train': 1437" in run.stdout
+    assert "RuntimeWarning" not in run.stderr, run.stderr  # -m imports the command once
     bad = subprocess.run([sys.executable, "-m", "contrastive_jax.training.data.prepare", "cifar10",
                           f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
                          timeout=120, cwd=REPO)
-    assert bad.returncode != 0 and "tfds build" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("error: 'cifar10' is not one of")
+    assert "tfds build" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     assert set(LOCAL_NAMES) >= {"mnist1d", "digits"}
 
 

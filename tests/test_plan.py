@@ -269,3 +269,15 @@ def test_the_host_core_rate_is_the_measured_one():
     rates = [float(line.strip("|").split("|")[column]) for line in table
              if line.startswith("| uint8")]
     assert rates and IMAGES_PER_CORE_SECOND == max(rates)
+
+
+def test_plan_help_exits_0_with_its_flags_and_the_configs(capsys):
+    from contrastive_jax import plan as plan_command
+
+    with pytest.raises(SystemExit) as stop:
+        plan_command.run(["--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0
+    assert out.startswith("usage: python -m contrastive_jax.plan [flags]")
+    assert "  --config=VALUE  (required)\n" in out and "\n  --slice=" in out
+    assert "\n  simclr_mnist1d.py\n" in out and "``" not in out

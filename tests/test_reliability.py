@@ -383,6 +383,13 @@ USER_ERRORS = [
     (["--config=configs/simclr_mnist1d.py:quick,temperature=nan"],
      "loss.temperature must be > 0; got nan"),
     (["--config=configs/no_such_config.py"], "could not be loaded: .*No such file"),
+    (["--config=configs/no_such_config.py", "--config.seed=1"],
+     "--config could not be loaded: .*No such file"),  # an override of a file not loaded
+    (["--no_such_flag=1"], r"^error: unknown flag --no_such_flag \(`python -m "
+                           r"contrastive_jax.main --help` lists the flags\)\n$"),
+    # JAX's options are flags, applied before the run: 2 devices, not the suite's 8
+    (["--jax_num_cpu_devices=2", "--config.data.batch_size=3"],
+     "global batch 3 does not divide by the 2 devices"),
     (["--workdir="], "--workdir is empty"),
     (["--config.optimizer.learning_rate=nan"], "learning_rate must be a finite .* got nan"),
     (["--config.optimizer.learning_rate=inf"], "learning_rate must be a finite .* got inf"),

@@ -17,15 +17,16 @@ least the printed vocabulary size.
 
 from __future__ import annotations
 
-import argparse
 import io
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import tensorflow_datasets as tfds
+from absl import flags
 from etils import epath
 
-from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax import command_line
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.data.prepare import resolve_data_dir
 from contrastive_jax.training.data.sources import open_split
 from contrastive_jax.training.data.text.text_tokenizers import SentencePieceTokenizer
@@ -78,32 +79,44 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int,
     return model.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (module docstring); 0 on success, 2 with one line on a user error."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", required=True, help="TFDS name, e.g. coco_captions")
-    parser.add_argument("--data_dir", default=None, help="TFDS data dir (array_record)")
-    parser.add_argument("--split", default="train", help="split expression, e.g. train")
-    parser.add_argument("--caption_key", default="captions/text")
-    parser.add_argument("--vocab_size", type=int, default=32000)
-    parser.add_argument("--model_type", default="unigram", choices=("unigram", "bpe"))
-    parser.add_argument("--output", required=True, help="the .model file to write")
-    args = parser.parse_args(argv)
-    try:
-        data_dir = resolve_data_dir(args.data_dir)
-        texts = list(dataset_captions(args.dataset, args.split, data_dir, args.caption_key))
-        model = train_sentencepiece(texts, args.vocab_size, args.model_type)
-        output = epath.Path(args.output)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_bytes(model)
-    except ContrastiveJaxError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
+_DATASET = flags.DEFINE_string("dataset", None, "TFDS name, e.g. coco_captions",
+                               flag_values=FLAGS)
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data dir (array_record)",
+                                flag_values=FLAGS)
+_SPLIT = flags.DEFINE_string("split", "train", "split expression, e.g. train", flag_values=FLAGS)
+_CAPTION_KEY = flags.DEFINE_string("caption_key", "captions/text",
+                                   "/-separated path of the captions in an example",
+                                   flag_values=FLAGS)
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 32000, "the vocabulary's upper bound",
+                                   flag_values=FLAGS)
+_MODEL_TYPE = flags.DEFINE_enum("model_type", "unigram", ["unigram", "bpe"],
+                                "SentencePiece's model type", flag_values=FLAGS)
+_OUTPUT = flags.DEFINE_string("output", None, "the .model file to write", flag_values=FLAGS)
+COMMAND = command_line.Command(
+    program="python -m contrastive_jax.training.data.build_tokenizer", doc=__doc__,
+    flag_values=FLAGS, required=("dataset", "output"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
+    None): 0 on success, 2 with one line ``error: ...`` on a user error
+    (:func:`contrastive_jax.command_line.run`)."""
+    return command_line.run(COMMAND, _build, argv)
+
+
+def _build(positional: list[str]) -> None:
+    """Train the tokenizer on ``--dataset``'s captions, write ``--output``, print its size."""
+    data_dir = resolve_data_dir(_DATA_DIR.value)
+    texts = list(dataset_captions(_DATASET.value, _SPLIT.value, data_dir, _CAPTION_KEY.value))
+    model = train_sentencepiece(texts, _VOCAB_SIZE.value, _MODEL_TYPE.value)
+    output = epath.Path(_OUTPUT.value)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_bytes(model)
     size = SentencePieceTokenizer(model).vocab_size
-    print(f"{args.output}: SentencePiece {args.model_type}, vocabulary {size} (0 = <pad>), "
-          f"from {len(texts)} captions of {args.dataset}[{args.split}]; set "
+    print(f"{_OUTPUT.value}: SentencePiece {_MODEL_TYPE.value}, vocabulary {size} (0 = <pad>), "
+          f"from {len(texts)} captions of {_DATASET.value}[{_SPLIT.value}]; set "
           f"data.preprocess.tokenizer.path to it and model.text_encoder.vocab_size >= {size}")
-    return 0
 
 
 if __name__ == "__main__":

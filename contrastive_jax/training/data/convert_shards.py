@@ -45,7 +45,6 @@ References: docs/data.md, "Your own image-text shards".
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -62,8 +61,10 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
+from absl import flags
 from etils import epath
 
+from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
 from contrastive_jax.training.data.shard_readers import (
     input_files,
@@ -330,40 +331,49 @@ def _convert_locked(files: list[str], name: str, folder: epath.Path, work: epath
     return total
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (module docstring): 0 when converted, 2 with one ``error:`` line for
-    bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.training.data.convert_shards",
-        description="Convert webdataset tar shards or parquet files of image-text pairs into a "
-                    "prepared TFDS dataset (array_record) that training reads by name.")
-    parser.add_argument("--input", action="append", required=True,
-                        help="shard paths: globs, {a,b} lists and {00000..00099} ranges, gs://; "
-                             "repeatable")
-    parser.add_argument("--name", required=True, help="the dataset's name (data.name)")
-    parser.add_argument("--data_dir", default=None,
-                        help="where prepared datasets live (data.data_dir); default as prepare")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--max_side", type=int, default=None,
-                        help="resize images whose longer side exceeds this (re-encoded JPEG)")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
-    parser.add_argument("--image_column", default="jpg", help="parquet: the image bytes")
-    parser.add_argument("--caption_column", default="caption", help="parquet: the caption")
-    parser.add_argument("--key_column", default="key", help="parquet: the key, if present")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="delete a previous conversion under this name first")
-    args = parser.parse_args(argv)
+FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
+_INPUT = flags.DEFINE_multi_string(
+    "input", None, "shard paths: globs, {a,b} lists and {00000..00099} ranges, gs://",
+    flag_values=FLAGS)
+_NAME = flags.DEFINE_string("name", None, "the dataset's name (data.name)", flag_values=FLAGS)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "where prepared datasets live (data.data_dir); default as prepare",
+    flag_values=FLAGS)
+_SPLIT = flags.DEFINE_string("split", "train", "the split to write", flag_values=FLAGS)
+_MAX_SIDE = flags.DEFINE_integer(
+    "max_side", None, "resize images whose longer side exceeds this (re-encoded JPEG)",
+    flag_values=FLAGS)
+_WORKERS = flags.DEFINE_integer("workers", None, "processes (default: cores)",
+                                flag_values=FLAGS)
+_IMAGE_COLUMN = flags.DEFINE_string("image_column", "jpg", "parquet: the image bytes",
+                                    flag_values=FLAGS)
+_CAPTION_COLUMN = flags.DEFINE_string("caption_column", "caption", "parquet: the caption",
+                                      flag_values=FLAGS)
+_KEY_COLUMN = flags.DEFINE_string("key_column", "key", "parquet: the key, if present",
+                                  flag_values=FLAGS)
+_OVERWRITE = flags.DEFINE_bool("overwrite", False,
+                               "delete a previous conversion under this name first",
+                               flag_values=FLAGS)
+COMMAND = command_line.Command(
+    program="python -m contrastive_jax.training.data.convert_shards", doc=__doc__,
+    flag_values=FLAGS, required=("input", "name"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
+    None): 0 when converted, 2 with one ``error:`` line for bad input
+    (:func:`contrastive_jax.command_line.run`)."""
+    return command_line.run(COMMAND, _convert_command, argv)
+
+
+def _convert_command(positional: list[str]) -> None:
+    """:func:`convert` with the flags' values, its lines printed."""
     from contrastive_jax.training.data.prepare import resolve_data_dir
 
-    try:
-        convert(args.input, args.name, resolve_data_dir(args.data_dir), split=args.split,
-                max_side=args.max_side, workers=args.workers, image_column=args.image_column,
-                caption_column=args.caption_column, key_column=args.key_column,
-                overwrite=args.overwrite, log=lambda line: print(line, flush=True))
-    except ContrastiveJaxError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    convert(_INPUT.value, _NAME.value, resolve_data_dir(_DATA_DIR.value), split=_SPLIT.value,
+            max_side=_MAX_SIDE.value, workers=_WORKERS.value, image_column=_IMAGE_COLUMN.value,
+            caption_column=_CAPTION_COLUMN.value, key_column=_KEY_COLUMN.value,
+            overwrite=_OVERWRITE.value, log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

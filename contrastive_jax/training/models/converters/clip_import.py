@@ -30,7 +30,6 @@ docs/pretrained.md gives the recipe and the parity numbers.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -39,8 +38,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import flags
 
-from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax import command_line
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters.converted_directory import save_converted
 from contrastive_jax.training.models.converters.state_dict_files import (
     is_torchscript,
@@ -323,52 +324,48 @@ def convert(path: str | os.PathLike, *, quick_gelu: bool | None = None,
                               vision_heads=vision_heads, text_heads=text_heads)
 
 
-def _flag_bool(text: str) -> bool:
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false; got {text!r}")
+FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None,
+                                  ".safetensors, or .pt/.pth/.bin (needs PyTorch)",
+                                  flag_values=FLAGS)
+_OUTPUT = flags.DEFINE_string("output", None, "new directory to write", flag_values=FLAGS)
+_QUICK_GELU = flags.DEFINE_bool(
+    "quick_gelu", None, "true: QuickGELU (OpenAI, *-quickgelu); false: exact GELU; default: "
+    "from the file (TorchScript or the name), else an error", flag_values=FLAGS)
+_VISION_HEADS = flags.DEFINE_integer("vision_heads", None,
+                                     "image tower heads (default width // 64)", flag_values=FLAGS)
+_TEXT_HEADS = flags.DEFINE_integer("text_heads", None, "text tower heads (default width // 64)",
+                                   flag_values=FLAGS)
+_ALLOW_TORCHSCRIPT = flags.DEFINE_bool(
+    "allow_torchscript", False, "read a TorchScript archive (OpenAI's release files) with "
+    "torch.jit.load, which runs code stored in the file: only for a file you trust (refused "
+    "without this flag)", flag_values=FLAGS)
+COMMAND = command_line.Command(
+    program="python -m contrastive_jax.training.models.converters.clip_import", doc=__doc__,
+    flag_values=FLAGS, required=("checkpoint", "output"))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """The command line (module docstring); errors a user can fix print ``error: ...`` and exit
-    with status 2."""
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.training.models.converters.clip_import",
-        description="Convert an OpenAI / open_clip ViT-CLIP checkpoint to this project's "
-                    "dual encoder (DIR/model.json + DIR/params).")
-    parser.add_argument("--checkpoint", required=True,
-                        help=".safetensors, or .pt/.pth/.bin (needs PyTorch)")
-    parser.add_argument("--output", required=True, help="new directory to write")
-    parser.add_argument("--quick_gelu", type=_flag_bool, default=None,
-                        help="true: QuickGELU (OpenAI, *-quickgelu); false: exact GELU; default: "
-                             "from the file (TorchScript or the name), else an error")
-    parser.add_argument("--vision_heads", type=int, default=None,
-                        help="image tower heads (default width // 64)")
-    parser.add_argument("--text_heads", type=int, default=None,
-                        help="text tower heads (default width // 64)")
-    parser.add_argument("--allow_torchscript", action="store_true",
-                        help="read a TorchScript archive (OpenAI's release files) with "
-                             "torch.jit.load, which runs code stored in the file: only for a "
-                             "file you trust (refused without this flag)")
-    args = parser.parse_args(argv)
-    try:
-        config, params = convert(args.checkpoint, quick_gelu=args.quick_gelu,
-                                 vision_heads=args.vision_heads, text_heads=args.text_heads,
-                                 allow_torchscript=args.allow_torchscript)
-        vit = config["sample_encoder"]
-        save_converted(args.output, config, params, preprocess={
-            "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD), "resize": "bicubic",
-            "image_size": vit["image_size"]})
-    except ContrastiveJaxError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
+    None): 0 when converted; an error a user can fix prints ``error: ...`` and returns 2
+    (:func:`contrastive_jax.command_line.run`)."""
+    return command_line.run(COMMAND, _convert_and_save, argv)
+
+
+def _convert_and_save(positional: list[str]) -> None:
+    """Convert ``--checkpoint`` into ``--output`` and print what was written."""
+    config, params = convert(_CHECKPOINT.value, quick_gelu=_QUICK_GELU.value,
+                             vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value,
+                             allow_torchscript=_ALLOW_TORCHSCRIPT.value)
+    vit = config["sample_encoder"]
+    save_converted(_OUTPUT.value, config, params, preprocess={
+        "mean": list(OPENAI_MEAN), "std": list(OPENAI_STD), "resize": "bicubic",
+        "image_size": vit["image_size"]})
     import jax
 
     count = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
-    print(f"wrote {args.output}: {count:,} parameters ({_summary(config)})")
+    print(f"wrote {_OUTPUT.value}: {count:,} parameters ({_summary(config)})")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -28,7 +28,6 @@ The data dir is, in order: ``--data_dir`` / the config's ``data.data_dir``, the
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import io
@@ -37,10 +36,14 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import tensorflow_datasets as tfds
+from absl import flags
 from etils import epath
+
+from contrastive_jax import command_line
 
 # Importing the modules registers the builders with TFDS.
 from contrastive_jax.errors import ConfigError, DataError
@@ -183,48 +186,54 @@ def _lock(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m contrastive_jax.training.data.prepare [NAME ...] [--data_dir=DIR]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m contrastive_jax.training.data.prepare",
-        description="Prepare this package's datasets (offline) into a TFDS data dir.")
-    parser.add_argument("names", nargs="*",
-                        help=f"datasets to prepare (default, without --mock: all of "
-                             f"{list(LOCAL_NAMES)})")
-    parser.add_argument("--data_dir", default=None,
-                        help=f"TFDS data dir (default: {default_data_dir()})")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="generate again even if prepared (damaged record files)")
-    parser.add_argument("--mock", action="append", default=[], metavar="NAME",
-                        help="write a tiny copy of a real dataset with random examples "
-                             "(coco_captions), for the pod template's tiny variant")
-    args = parser.parse_args(argv)
-    if args.mock:
+FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, f"TFDS data dir (default: ${DATA_DIR_ENV}, else "
+    "$XDG_CACHE_HOME/contrastive_jax/datasets, ~/.cache when unset)", flag_values=FLAGS)
+_OVERWRITE = flags.DEFINE_bool("overwrite", False,
+                               "generate again even if prepared (damaged record files)",
+                               flag_values=FLAGS)
+_MOCK = flags.DEFINE_multi_string(
+    "mock", None, "write a tiny copy of a real dataset with random examples (coco_captions), "
+    "for the pod template's tiny variant", flag_values=FLAGS)
+COMMAND = command_line.Command(
+    program="python -m contrastive_jax.training.data.prepare", doc=__doc__, flag_values=FLAGS,
+    positional="[NAME ...]")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m contrastive_jax.training.data.prepare [NAME ...] [--data_dir=DIR]``
+    (``argv``: its arguments, ``sys.argv[1:]`` when None); the exit status, 2 with one line
+    ``error: ...`` for a name that is not one of :data:`LOCAL_NAMES` or an unknown mock
+    (:func:`contrastive_jax.command_line.run`)."""
+    return command_line.run(COMMAND, _prepare_named, argv)
+
+
+def _prepare_named(names: list[str]) -> None:
+    """Prepare ``names`` (and the ``--mock`` datasets), printing each one's folder and
+    splits."""
+    mocks = _MOCK.value or []
+    if mocks:
         from contrastive_jax.training.data import mock_datasets
 
-        unknown = [m for m in args.mock if m not in mock_datasets.MOCKS]
+        unknown = [m for m in mocks if m not in mock_datasets.MOCKS]
         if unknown:
-            parser.error(f"no mock of {unknown[0]!r}; mocks: {list(mock_datasets.MOCKS)}")
-        data_dir = resolve_data_dir(args.data_dir)
+            raise ConfigError(f"no mock of {unknown[0]!r}; mocks: {list(mock_datasets.MOCKS)}")
+        data_dir = resolve_data_dir(_DATA_DIR.value)
         tfds.display_progress_bar(False)
-        for name in args.mock:
+        for name in mocks:
             with _quiet_tfds():
                 builder = mock_datasets.prepare_mock(name, data_dir)
             splits = {s: info.num_examples for s, info in builder.info.splits.items()}
             print(f"{name} (mock, random examples): {builder.data_dir} {splits}")
-    elif not args.names:
-        args.names = list(LOCAL_NAMES)
-    for name in args.names:
+    elif not names:
+        names = list(LOCAL_NAMES)
+    for name in names:
         if not is_local(name):
-            parser.error(f"{name!r} is not one of {list(LOCAL_NAMES)}; other TFDS datasets "
-                         "are prepared with `tfds build NAME --data_dir=DIR "
-                         "--file_format=array_record`")
-    for name in args.names:
-        builder = prepare(name, args.data_dir, overwrite=args.overwrite)
+            raise ConfigError(f"{name!r} is not one of {list(LOCAL_NAMES)}; other TFDS "
+                              "datasets are prepared with `tfds build NAME --data_dir=DIR "
+                              "--file_format=array_record`")
+    for name in names:
+        builder = prepare(name, _DATA_DIR.value, overwrite=_OVERWRITE.value)
         splits = {s: info.num_examples for s, info in builder.info.splits.items()}
         print(f"{name}: {builder.data_dir} {splits}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
