@@ -6,7 +6,8 @@ Layers, lowest first (docs/architecture.md):
 1. ``contrastive_jax.losses`` (and the package's top level): the losses, JAX and NumPy only;
 2. ``contrastive_jax.analytic``: closed-form gradients and the gradient check, on the losses;
 3. ``contrastive_jax.training``: methods, models, data, optimisers, checkpoints, the loop,
-   evaluation;
+   evaluation; and ``contrastive_jax.command_line`` (the commands' flags, help and errors, on
+   absl);
 4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``: the command lines.
 
 Experiment helpers live in ``experiments/common``, outside the package. Inside layer 3, the
