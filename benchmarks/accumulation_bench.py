@@ -99,8 +99,12 @@ def main(argv=None) -> int:
               f"loss {row['loss']:.6f}", flush=True)
     timed = args.runs > 0
     base = rows[0]
+    from contrastive_jax.training.run.provenance import provenance_line
+
     lines = [
         "# Gradient accumulation: memory and time of one CLIP step",
+        "",
+        provenance_line(),  # date, commit, versions, devices
         "",
         f"Global batch {args.batch}, one CPU device, f32; ViT 32x32 (4 x 128, 64 patches) and a "
         "text Transformer (2 x 128, 16 tokens), dropout 0.1, tiled loss, AdamW. "

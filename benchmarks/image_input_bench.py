@@ -38,13 +38,13 @@ block's QKV, output, MLP and attention; 2 FLOPs a multiply-add). At a model-FLOP
 cores that takes = that rate / the pipeline's images per CPU-second. Peaks (bf16): TPU v4
 275 TFLOP/s, TPU v5e 197 TFLOP/s per chip.
 
-Writes ``experiments/results/image_input_bench.md`` (headed by the command, date and commit).
+Writes ``experiments/results/image_input_bench.md`` (headed by the provenance line: date,
+commit, versions, devices; then the command).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
 import json
 import os
@@ -257,14 +257,6 @@ def template_flops_per_pair() -> tuple[float, str]:
 # -------------------------------------------------------------------------------------------
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=REPO, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=384)
@@ -276,7 +268,6 @@ def main() -> None:
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
-    import jax
 
     from contrastive_jax.training.data.sources import open_split
     from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
@@ -308,13 +299,16 @@ def main() -> None:
     best_label, best = max(results, key=lambda lr: lr[1]["images_per_s"])
     per_core = max(r["images_per_cpu_s"] for label, r in results if "reduced" in label)
     cores = os.cpu_count()
+    from contrastive_jax.training.run.provenance import provenance_line
+
     lines = [
         f"# Image input: {SIZE} x {SIZE} training batches from JPEG shards",
         "",
+        provenance_line(),  # date, commit, versions, devices
+        "",
         f"`python benchmarks/{pathlib.Path(__file__).name} --images {args.images} --batch "
-        f"{args.batch} --batches {args.batches}` on {datetime.date.today().isoformat()}, "
-        f"commit {_commit()}; {cores} cores, JAX {jax.__version__} ({jax.devices()[0].platform}"
-        "); one process, nothing else running.",
+        f"{args.batch} --batches {args.batches}`: {cores} cores; one process, nothing else "
+        "running.",
         "",
         f"{facts['images']} JPEGs, 640 x 480, quality 90, {facts['kb_min']:.0f}-"
         f"{facts['kb_max']:.0f} KB (median {facts['kb_median']:.0f} KB), converted by "

@@ -56,8 +56,10 @@ def main() -> None:
         lines.append(f"| {name} | " + " | ".join(f"{r:,.0f}" for r in rates) + " |")
         print(lines[-1], flush=True)
     table = "\n".join(lines)
+    from contrastive_jax.training.run.provenance import provenance_line
+
     text = (f"# Input pipeline: examples/s of one process (batch {args.batch}, "
-            f"{args.steps} batches, reader alone)\n\n{table}\n")
+            f"{args.steps} batches, reader alone)\n\n{provenance_line()}\n\n{table}\n")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "input_bench.md").write_text(text)
     print(text)

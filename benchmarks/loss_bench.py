@@ -35,8 +35,9 @@ rows of the similarity matrix: N pairs for CLIP and SigLIP, N/2 pairs (N views) 
 has no dense_vjp impl (its tiled backward is the hand-written one).
 
 Writes the table to ``experiments/results/loss_bench.md`` (and the raw rows to ``.json``),
-headed by the command, the date and the commit; ``--append`` adds the run as one more section
-(before and after a change).
+headed by the provenance line (date, commit, versions, devices:
+``contrastive_jax.training.run.provenance``) and the command; ``--append`` adds the run as one
+more section, with its own header (before and after a change).
 """
 
 from __future__ import annotations
@@ -214,19 +215,6 @@ def run_worker(loss: str, impl: str, n: int, d: int, block: int, runs: int, time
     return {**timing, **memory}
 
 
-def _commit() -> str:
-    """The repository's commit, ``+ local changes`` when the library differs from it."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "contrastive_jax"], cwd=root,
-                               text=True, capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + (" + local changes to contrastive_jax/" if dirty else "")
-
-
 def markdown(rows: list[dict]) -> str:
     lines = ["| loss | impl | N | block | fwd+bwd (s) | time vs textbook | run peak (MB) "
              "| lifetime peak (MB) | XLA scratch (MB) | useful GFLOP/s | matmul GFLOP/s "
@@ -307,11 +295,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"WARNING: {row['loss']} {row['impl']} N={row['n']}: loss {row['value']} "
                   f"differs from the textbook's {want}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    produced = (f"`python benchmarks/loss_bench.py {' '.join(argv or sys.argv[1:])}` on "
-                f"{time.strftime('%Y-%m-%d')}, at commit {_commit()}: float32, d = {args.d}, "
-                "median of the timed runs after one warm-up; see `benchmarks/loss_bench.py` "
-                "for the method.")
-    section = f"{produced}\n\n{table}\n"
+    from contrastive_jax.training.run.provenance import provenance_line
+
+    produced = (f"`python benchmarks/loss_bench.py {' '.join(argv or sys.argv[1:])}`: "
+                f"float32, d = {args.d}, median of the timed runs after one warm-up; see "
+                "`benchmarks/loss_bench.py` for the method.")
+    section = f"{provenance_line()}\n\n{produced}\n\n{table}\n"  # each run's own header
     raw = args.out.with_suffix(".json")
     if args.append and args.out.exists():  # one more measured section (e.g. after a change)
         args.out.write_text(args.out.read_text().rstrip("\n") + "\n\n" + section)

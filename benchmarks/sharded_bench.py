@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     table += "\n\n" + flat_markdown(flat, args.d)
     print("\n" + table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("# Sharded-loss benchmark\n\n" + table + "\n")
+    from contrastive_jax.training.run.provenance import provenance_line
+
+    args.out.write_text(f"# Sharded-loss benchmark\n\n{provenance_line()}\n\n{table}\n")
     print(f"\nwrote {args.out}")
     return 0
 

@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                                cwd=ROOT, capture_output=True, text=True, timeout=1800)
         if whole.returncode != 0:
             raise RuntimeError(whole.stderr[-3000:])
-        want = json.loads((tmp / "whole" / "results.json").read_text())["params_sha256"]
+        whole_results = json.loads((tmp / "whole" / "results.json").read_text())
+        want = whole_results["params_sha256"]
         largest = max(p.stat().st_size for p in (tmp / "whole").rglob("*") if p.is_file())
         for name in args.faults:
             workdir = tmp / name
@@ -353,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     produced = (f"{reporting.command(__file__, argv)}: `{config}`, {steps} steps, checkpoint every "
                 f"{every}, seed {args.seed}; uninterrupted hash {want[:16]}...")
     text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}\n\n"
+            f"{reporting.provenance_line(whole_results['provenance'])}\n\n"  # the runs'
             f"{produced}\n\n{table}\n")
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

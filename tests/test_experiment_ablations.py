@@ -1,7 +1,6 @@
 """The temperature and batch-size ablation scripts: their pure parts, and each end to end in its
 quick mode (the config's quick variant, a few tiny runs)."""
 
-import csv
 import importlib.util
 import math
 import pathlib
@@ -9,7 +8,7 @@ import sys
 
 import pytest
 
-from common.reporting import load_config, read_report, summarise
+from common.reporting import load_config, read_csv, read_report, summarise
 from contrastive_jax.training.methods import LossSettings
 from contrastive_jax.training.train import total_steps
 
@@ -36,8 +35,7 @@ def batch_size():
 
 
 def _rows(path: pathlib.Path) -> list[dict[str, str]]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+    return read_csv(path)  # past the provenance line (read_report checks the .md's)
 
 
 def _accuracy(text: str) -> float:

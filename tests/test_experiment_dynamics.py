@@ -3,7 +3,6 @@ rate (docs/derivations.md §12.3, §12.4), the learned temperature with and with
 (§7.5-7.6), and the
 gradient-check script's CSV and figure."""
 
-import csv
 import importlib.util
 import itertools
 import math
@@ -12,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from common.reporting import read_report
+from common.reporting import read_csv, read_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -27,8 +26,7 @@ def _script(name: str):
 
 
 def _rows(path: pathlib.Path) -> list[dict]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
+    return read_csv(path)  # past the provenance line
 
 
 def _png(path: pathlib.Path) -> None:

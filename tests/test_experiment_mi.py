@@ -4,7 +4,6 @@ The bound checked is docs/derivations.md §15.1: log N - L_N <= I(X; Y) in expec
 log N - L <= log N for every batch (L >= 0).
 """
 
-import csv
 import importlib.util
 import math
 import pathlib
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from common.reporting import read_report
+from common.reporting import csv_provenance, read_csv, read_report
 from contrastive_jax.losses import info_nce
 from contrastive_jax.training.data.datasets.correlated_gaussians import (
     correlation_for,
@@ -93,8 +92,7 @@ def test_mi_bound_quick_writes_a_table_below_the_bounds(tmp_path):
     script = load_script()
     out = tmp_path / "mi"
     assert script.main(["--quick", "--out", str(out)]) == 0
-    with open(out.with_suffix(".csv")) as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_csv(out.with_suffix(".csv"))
     assert [(r["critic"], r["batch"], r["stage"]) for r in rows] == [
         ("separable", "16", "1"), ("separable", "16", "2"),
         ("concat", "16", "1"), ("concat", "16", "2")]
@@ -128,7 +126,8 @@ def test_mi_bound_quick_writes_a_table_below_the_bounds(tmp_path):
             float(row["true_mi"]), float(row["log_n"]))
     assert out.with_suffix(".png").stat().st_size > 10_000
     trace = out.parent / "mi_trace.csv"
-    assert len(trace.read_text().splitlines()) == 1 + 2 * 60 // 5  # every 5th of 60 steps, x2
+    assert len(read_csv(trace)) == 2 * 60 // 5  # every 5th of 60 steps, x2
+    assert csv_provenance(trace)["jax"] == jax.__version__  # written apart: its own record
 
 
 def test_mi_bound_report_of_a_critic_too_costly_to_train(tmp_path):

@@ -1,13 +1,12 @@
 """The mixed-precision experiment script: its table, and the script end to end in quick mode."""
 
-import csv
 import importlib.util
 import pathlib
 import sys
 
 import pytest
 
-from common.reporting import read_report, summarise
+from common.reporting import read_csv, read_report, summarise
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,8 +40,7 @@ def test_table_compares_each_setting_with_float32(precision):
 def test_precision_script_quick(precision, tmp_path):
     out = tmp_path / "precision"
     assert precision.main(["--quick", "--out", str(out)]) == 0
-    with open(out.with_suffix(".csv"), newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = read_csv(out.with_suffix(".csv"))
     assert [(r["setting"], r["dtype"], r["remat"]) for r in rows] == [
         ("float32", "float32", "False"), ("bfloat16", "bfloat16", "False")]
     for row in rows:

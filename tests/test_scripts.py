@@ -3,7 +3,7 @@
 import importlib.util
 import pathlib
 
-from common.reporting import read_report
+from common.reporting import read_csv, read_report
 from contrastive_jax import demo
 from contrastive_jax.analytic.gradcheck import CHECKS
 
@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_demo_prints_every_loss(capsys):
     # the gradient table the demo prints next is the gradcheck script's, tested below
-    demo.main(["--batch", "16", "--skip-gradcheck"])
+    assert demo.main(["--batch", "16", "--skip-gradcheck"]) == 0
     out = capsys.readouterr().out
     for name in ("clip_loss (impl=dense_vjp)", "nt_xent", "moco_infonce"):
         assert name in out
@@ -46,8 +46,10 @@ def test_time_to_accuracy_script_quick(tmp_path):
     spec.loader.exec_module(script)
     out = tmp_path / "tta"
     assert script.main(["--quick", "--seeds", "0", "--target", "0.0", "--out", str(out)]) == 0
-    rows = out.with_suffix(".csv").read_text().splitlines()
+    provenance, *rows = out.with_suffix(".csv").read_text().splitlines()
+    assert provenance.startswith("# provenance: {")  # the record, then the table
     assert rows[0] == "seed,step,train_s,linear_probe,knn" and len(rows) == 3  # steps 3, 6
+    assert len(read_csv(out.with_suffix(".csv"))) == 2
     _, produced, [table] = read_report(out.with_suffix(".md"))  # measurements only
     assert "seeds 0, evaluation every 3 steps" in produced
     seed, mean = table

@@ -28,21 +28,24 @@ def test_reporting_helpers(tmp_path):
     table = reporting.markdown_table(["a", "b"], [[1, "x \\| y"]])
     md = reporting.report(tmp_path / "x", rows, title="T", produced="how", tables=[table],
                           figure=None)
-    assert md.read_text() == "# T\n\nhow\n\n| a | b |\n| --- | --- |\n| 1 | x \\| y |\n"
-    assert (tmp_path / "x.csv").read_text().splitlines()[:2] == ["step,loss", "1,1.0"]
+    line = reporting.provenance_line(reporting.csv_provenance(tmp_path / "x.csv"))
+    assert md.read_text() == f"# T\n\n{line}\n\nhow\n\n| a | b |\n| --- | --- |\n| 1 | x \\| y |\n"
+    assert (tmp_path / "x.csv").read_text().splitlines()[1:3] == ["step,loss", "1,1.0"]
     with pytest.raises(ValueError, match="no rows"):
         reporting.report(tmp_path / "y", [], title="T", produced="", tables=[], figure=None)
 
 
 def test_read_report_returns_the_tables_and_refuses_prose(tmp_path):
     path = tmp_path / "r.md"
-    path.write_text("# T\n\nhow\n\n| a | b |\n| --- | --- |\n| 1 | x \\| y |\n\n"
-                    "## more\n| c |\n| --- |\n| 2 |\n| 3 |\n\n![T](r.png)\n")
+    path.write_text("# T\n\nProvenance: now\n\nhow\n\n| a | b |\n| --- | --- |\n| 1 | x \\| y |"
+                    "\n\n## more\n| c |\n| --- |\n| 2 |\n| 3 |\n\n![T](r.png)\n")
     title, produced, tables = reporting.read_report(path)
     assert (title, produced) == ("T", "how")
     assert tables == [[{"a": "1", "b": "x \\| y"}], [{"c": "2"}, {"c": "3"}]]
-    for text in ("# T\n\nhow\n\n| a |\n| --- |\n| 1 |\n\nThe numbers agree.\n",
-                 "# T\n\nhow\nand why\n\n| a |\n| --- |\n| 1 |\n", "T\n\nhow\n"):
+    for text in ("# T\n\nProvenance: now\n\nhow\n\n| a |\n| --- |\n| 1 |\n\nThe numbers agree.\n",
+                 "# T\n\nProvenance: now\n\nhow\nand why\n\n| a |\n| --- |\n| 1 |\n",
+                 "# T\n\nhow\n\n| a |\n| --- |\n| 1 |\n",  # no provenance
+                 "T\n\nProvenance: now\n\nhow\n"):
         path.write_text(text)
         with pytest.raises(ValueError):
             reporting.read_report(path)

@@ -59,7 +59,8 @@ def base_config() -> ml_collections.ConfigDict:
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
 :mod:`contrastive_jax.training.step.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.run.distributed.launch_settings`; empty: from the environment,
-    else a single process).
+    else a single process), ``profile`` (a ``jax.profiler`` trace of chosen steps in
+    ``workdir/profile``, :mod:`contrastive_jax.training.run.profiling`; off by default).
     """
     return ml_collections.ConfigDict({
         "seed": 0,
@@ -106,6 +107,11 @@ def base_config() -> ml_collections.ConfigDict:
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),
                    "num_processes": placeholder(int), "process_id": placeholder(int),
                    "initialization_timeout_s": 300, "heartbeat_timeout_s": 100},
+        # a jax.profiler trace of steps start_step .. start_step + num_steps - 1 (1-based, as
+        # the progress lines count; step 1 includes the compilation) in
+        # workdir/profile/process_<i>, process 0's or, with all_hosts, every process's
+        # (contrastive_jax.training.run.profiling; docs/training.md "Profiling"); 0 steps: off
+        "profile": {"start_step": 0, "num_steps": 0, "all_hosts": False},
     })
 
 

@@ -17,10 +17,13 @@
    ``config.accumulation_steps = K`` the global batch runs as ``K`` micro-batches with the
    gradient unchanged, :mod:`contrastive_jax.training.step.accumulation`), progress lines
    and TensorBoard scalars every ``log_every`` steps, checkpoints every ``checkpoint_every``
-   steps and at the end, optional evaluations every ``evaluation.every`` steps;
+   steps and at the end, optional evaluations every ``evaluation.every`` steps, a
+   ``jax.profiler`` trace of the steps ``config.profile`` names
+   (:mod:`contrastive_jax.training.run.profiling`);
 3. the evaluation of the trained model (:func:`~contrastive_jax.training.evaluation.
    run_evaluation.evaluate`: linear probe, kNN, alignment and uniformity; for dual encoders
-   retrieval Recall@k and zero-shot accuracy) and ``workdir/results.json``.
+   retrieval Recall@k and zero-shot accuracy) and ``workdir/results.json`` (with the run's
+   provenance: :func:`~contrastive_jax.training.run.provenance.provenance`).
 
 The method supplies the loss and whatever it adds to the state and the results
 (:class:`~contrastive_jax.training.methods.Method`); nothing here knows which method runs.
@@ -53,7 +56,7 @@ from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import Method, method_for
-from contrastive_jax.training.run import checkpoints, init_from
+from contrastive_jax.training.run import checkpoints, init_from, profiling
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import (
     MetricWindow,
@@ -61,6 +64,7 @@ from contrastive_jax.training.run.progress import (
     evaluation_names,
     scale_settings,
 )
+from contrastive_jax.training.run.provenance import provenance
 from contrastive_jax.training.run.skipped_updates import check_skipped_updates
 from contrastive_jax.training.run.workdir import json_output
 from contrastive_jax.training.run.workdir.config_record import (
@@ -109,6 +113,7 @@ class Run:
     stream: Any  # the checkpointable iterator of global batches
     accumulation_steps: int = 1  # micro-batches per global batch (checked)
     start: float = dataclasses.field(default_factory=time.perf_counter)
+    profile: profiling.ProfileWindow | None = None  # the traced steps (config.profile)
 
     @property
     def batch_size(self) -> int:
@@ -146,7 +151,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     graphdef, state, tx = create_state(config, steps, method)
     state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
     run = Run(config, workdir_path(workdir), mesh, method, steps, graphdef, tx, source,
-              train_iterator(config.data, mesh), accumulation, start)
+              train_iterator(config.data, mesh), accumulation, start,
+              profiling.profile_window(config.get("profile"), steps))
     return run, state
 
 
@@ -288,13 +294,16 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
     limit = config.max_skipped_in_a_row
     every = config.evaluation.every if config.evaluation.enabled else 0
     pending = None
-    with StopSignal() as stop:
+    with StopSignal() as stop, profiling.StepProfiler(run.profile, run.workdir, first + 1,
+                                                      progress.message) as profile:
         for step in range(first + 1, run.steps + 1):
+            profile.before_step(step)  # a trace of the window's steps, batch included
             batch = next(stream)
             if step == first + 1:
                 progress.message(f"compiling the train step ({'restored' if resumed else 'fresh'}"
                                  " state; the first step includes compilation)...")
             state, metrics = step_fn(state, batch)
+            profile.after_step(step, (state, metrics))
             window.add(metrics)
             if pending is not None:  # the previous step's guard, read while this one runs
                 check_skipped_updates(*pending, limit)
@@ -388,6 +397,7 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
             end.metrics).items()},
         "evaluations": history,
         "params_sha256": params_digest(state),
+        "provenance": provenance(),  # date, commit, versions, devices (run.provenance)
     }
     results.update(run.method.results(run.source, config))
     if jax.process_index() == 0:

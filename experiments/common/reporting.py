@@ -1,11 +1,16 @@
 """Experiment reports: every script under ``experiments/`` writes the same three files.
 
 ``report(out, rows, title=, produced=, tables=, figure=)`` writes ``out.csv`` (one row per
-measurement, the raw numbers), ``out.md`` (the measurements only: a title, one line saying how
-they were produced, the tables) and ``out.png`` (a matplotlib figure). What the numbers mean is
-written by hand in ``experiments/README.md``. :func:`load_config` loads
+measurement, the raw numbers), ``out.md`` (the measurements only: a title, the provenance line,
+one line saying how they were produced, the tables) and ``out.png`` (a matplotlib figure). What
+the numbers mean is written by hand in ``experiments/README.md``. :func:`load_config` loads
 ``configs/NAME.py[:variant]`` the way ``--config`` does, so an experiment runs exactly the config
 a user would launch.
+
+Provenance (:func:`contrastive_jax.training.run.provenance.provenance`: date, commit, versions,
+devices): the ``.md`` has it as one line under the title (``Provenance: ...``), a ``.csv`` as its
+first line, ``# provenance: {JSON}``, before the header; :func:`read_csv` reads the rows past it
+and :func:`csv_provenance` the record.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
+import json
 import math
 import pathlib
 import re
@@ -123,14 +129,55 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_csv(path: pathlib.Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """``rows`` (dicts with the same keys, in order) to a CSV file with a header."""
+CSV_PROVENANCE = "# provenance: "  # a CSV file's first line: this, then the record as JSON
+
+
+def provenance() -> dict[str, Any]:
+    """:func:`contrastive_jax.training.run.provenance.provenance` (imported when called: a
+    script that sets up JAX's devices first imports this module before JAX)."""
+    from contrastive_jax.training.run import provenance as library
+
+    return library.provenance()
+
+
+def provenance_line(record: Mapping[str, Any] | None = None) -> str:
+    """``record`` (default: :func:`provenance` now) as the ``Provenance: ...`` line of a table
+    (:func:`contrastive_jax.training.run.provenance.provenance_line`)."""
+    from contrastive_jax.training.run import provenance as library
+
+    return library.provenance_line(None if record is None else dict(record))
+
+
+def write_csv(path: pathlib.Path, rows: Sequence[Mapping[str, Any]],
+              record: Mapping[str, Any] | None = None) -> None:
+    """``rows`` (dicts with the same keys, in order) to a CSV file: the line ``# provenance:
+    {JSON}`` (``record``, default :func:`provenance` now), the header, the rows."""
     if not rows:
         raise ValueError(f"no rows to write to {path}")
+    record = provenance() if record is None else record
     with open(path, "w", newline="") as handle:
+        handle.write(CSV_PROVENANCE + json.dumps(record) + "\n")
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+
+def read_csv(path: str | pathlib.Path) -> list[dict[str, str]]:
+    """The rows of a CSV file :func:`write_csv` wrote (its provenance line skipped), as
+    ``{header: cell}``."""
+    with open(path, newline="") as handle:
+        lines = handle.readlines()
+    return list(csv.DictReader(lines[1:] if lines[:1] and lines[0].startswith(CSV_PROVENANCE)
+                               else lines))
+
+
+def csv_provenance(path: str | pathlib.Path) -> dict[str, Any]:
+    """The provenance record of a CSV file :func:`write_csv` wrote; ValueError if it has none."""
+    with open(path) as handle:
+        first = handle.readline()
+    if not first.startswith(CSV_PROVENANCE):
+        raise ValueError(f"{path}: no '{CSV_PROVENANCE.strip()}' first line")
+    return json.loads(first[len(CSV_PROVENANCE):])
 
 
 def report(out: str | pathlib.Path, rows: Sequence[Mapping[str, Any]], *, title: str,
@@ -139,14 +186,17 @@ def report(out: str | pathlib.Path, rows: Sequence[Mapping[str, Any]], *, title:
     """Write ``out.csv`` (``rows``), ``out.md`` and ``out.png`` (``figure``, then closed).
 
     ``out`` is a path without suffix (``experiments/results/temperature``). The markdown is
-    ``# title``, the line ``produced`` (how: command, config, seeds, step counts), the
-    ``tables`` (markdown, each may start with a ``## heading``) and a link to the figure; it is
-    also printed. Returns its path.
+    ``# title``, the provenance line (:func:`provenance_line`; the same record heads the CSV),
+    the line ``produced`` (how: command, config, seeds, step counts), the ``tables`` (markdown,
+    each may start with a ``## heading``) and a link to the figure; it is also printed.
+    Returns its path.
     """
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out.with_suffix(".csv"), rows)
-    parts = [f"# {title}", produced.strip(), *(t.strip() for t in tables)]
+    record = provenance()
+    write_csv(out.with_suffix(".csv"), rows, record)
+    parts = [f"# {title}", provenance_line(record), produced.strip(),
+             *(t.strip() for t in tables)]
     if figure is not None:
         import matplotlib.pyplot as plt
 
@@ -161,13 +211,16 @@ def report(out: str | pathlib.Path, rows: Sequence[Mapping[str, Any]], *, title:
 
 def read_report(path: str | pathlib.Path) -> tuple[str, str, list[list[dict[str, str]]]]:
     """``(title, produced, tables)`` of a markdown file :func:`report` wrote, each table a
-    list of ``{header: cell}`` rows. Raises ValueError on anything else (a paragraph of prose,
-    a second line of text), so a test can hold a report to measurements only."""
+    list of ``{header: cell}`` rows. Raises ValueError on anything else (no provenance line, a
+    paragraph of prose, a second line of text), so a test can hold a report to measurements
+    with their provenance."""
     blocks = pathlib.Path(path).read_text().strip().split("\n\n")
-    if len(blocks) < 2 or not blocks[0].startswith("# ") or "\n" in blocks[0] + blocks[1]:
-        raise ValueError(f"{path}: expected '# title', a blank line and one line of how")
+    if (len(blocks) < 3 or not blocks[0].startswith("# ")
+            or not blocks[1].startswith("Provenance: ") or "\n" in "".join(blocks[:3])):
+        raise ValueError(f"{path}: expected '# title', the 'Provenance: ' line and one line of "
+                         "how, each after a blank line")
     tables = []
-    for block in blocks[2:]:
+    for block in blocks[3:]:
         lines = block.splitlines()
         if lines[0].startswith("## "):  # a table's heading
             lines = lines[1:]
@@ -177,4 +230,4 @@ def read_report(path: str | pathlib.Path) -> tuple[str, str, list[list[dict[str,
             raise ValueError(f"{path}: not a table or the figure:\n{block}")
         cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
         tables.append([dict(zip(cells[0], row, strict=True)) for row in cells[2:]])
-    return blocks[0][2:], blocks[1], tables
+    return blocks[0][2:], blocks[2], tables

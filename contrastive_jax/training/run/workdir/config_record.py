@@ -3,8 +3,8 @@
 Every run writes its whole config (after variants and command-line overrides) to
 ``workdir/config.json`` at start. A run that resumes from the workdir's checkpoints compares its
 config with the recorded one: a difference outside :data:`MAY_CHANGE` (the run's length,
-logging, checkpointing, evaluation, launch settings, where the data lives, and the mesh and
-the state's sharding, which a checkpoint restores onto whatever they are) would silently
+logging, checkpointing, evaluation, profiling, launch settings, where the data lives, and the
+mesh and the state's sharding, which a checkpoint restores onto whatever they are) would silently
 continue another experiment, so it stops with the list of differences, unless the change is
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``. Both files are read and written through
@@ -19,7 +19,7 @@ sides before comparing), so a workdir keeps resuming across a rename of its conf
 - ``model.momentum`` -> ``moco.momentum``, ``model.queue_size`` -> ``moco.queue_size`` (MoCo's
   settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`);
 - fields added since, at the value that reproduces the old run (:data:`ADDED_FIELDS`:
-  ``data.worker_count`` = 0).
+  ``data.worker_count`` = 0; the ``profile`` block, off).
 
 ``data.worker_count`` never changes on a resume, even when accepted: the saved data stream
 holds each worker's position, so another count cannot continue it.
@@ -27,6 +27,7 @@ holds each worker's position, so another count cannot continue it.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -39,14 +40,16 @@ from etils import epath
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import DEPRECATED_MODEL_NAMES, MOVED_TO_METHODS
+from contrastive_jax.training.run import profiling
 from contrastive_jax.training.run.workdir import json_output
 
 RECORD = "config.json"
-ADDED_FIELDS = {("data", "worker_count"): 0}  # fields records before them lack: their value
+# fields records written before them lack (a path of keys): the value that reproduces them
+ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS}
 FIXED_ON_RESUME = ("data.worker_count",)
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
               "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir", "mesh",
-              "sharding")
+              "sharding", "profile")
 
 
 def plain(config: ml_collections.ConfigDict | Mapping) -> dict[str, Any]:
@@ -71,9 +74,10 @@ def upgrade(record: Mapping) -> dict[str, Any]:
     (``model.momentum`` -> ``moco.momentum``, ...) moved there (see the module docstring).
     Today's records come back unchanged."""
     out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in record.items()}
-    for (block, name), value in ADDED_FIELDS.items():
-        if isinstance(out.get(block), dict):
-            out[block].setdefault(name, value)
+    for path, value in ADDED_FIELDS.items():  # paths of one or two keys
+        block = out if len(path) == 1 else out.get(path[0])
+        if isinstance(block, dict):
+            block.setdefault(path[-1], copy.deepcopy(value))
     model = out.get("model")
     if not isinstance(model, dict):
         return out
