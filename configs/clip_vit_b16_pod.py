@@ -1,6 +1,6 @@
 """Pod-scale template: CLIP ViT-B/16 on a TFDS image-text dataset, 32k global batch, ring loss.
 
-On a TPU pod (every worker, same command; see README "Launching"):
+On a TPU pod (every worker, same command; docs/launching.md "TPU VM pod"):
 
     CONTRASTIVE_JAX_DISTRIBUTED=auto python -m contrastive_jax.main \\
         --config=configs/clip_vit_b16_pod.py:tokenizer=gs://BUCKET/coco_sp32k.model \\

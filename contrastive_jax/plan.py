@@ -507,9 +507,10 @@ def main(argv: Sequence[str]) -> None:
         record.update(target_plan(config, mesh, result, name, target, _MFU.value,
                                   _SEARCH.value))
     if _JSON.value:
+        from contrastive_jax.training.run.provenance import provenance
         from contrastive_jax.training.run.workdir import json_output
 
-        json_output.write_atomic(_JSON.value, record)
+        json_output.write_atomic(_JSON.value, {**record, "provenance": provenance()})
     if target is not None and record["fits_target"] is False and _SEARCH.value and \
             record["search"]["answer"] is None:
         raise ConfigError(f"{name} does not fit {target.name} even with one example per "
@@ -538,7 +539,8 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
     return {"target": dataclasses.asdict(target), "usable_bytes": target.usable,
             "fits_target": fits,
             "search": None if found is None else {
-                "tried": [{"overrides": o, "total": r.total} for o, r in found.tried],
+                "tried": [{"overrides": o, "total": r.total, "temporaries": r.temporaries}
+                          for o, r in found.tried],
                 "answer": found.answer},
             "speed": None if speed is None else dataclasses.asdict(speed)}
 

@@ -237,6 +237,7 @@ def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
     assert "plan: compiling the train step for 8 devices" in result.stderr
     record = __import__("json").loads(out.read_text())
     assert record["target"]["chips"] == 8 and record["fits_target"] is True
+    assert record["provenance"]["device_count"] == 8  # the plan's fake devices
     speed = record["speed"]
     assert speed["flops_per_chip"] == record["flops"] > 0
     assert speed["step_s"] == pytest.approx(record["flops"] / (0.5 * 275e12))

@@ -97,3 +97,26 @@ def test_shards_in_a_bucket_convert_like_local_ones(bucket_data, tmp_path):
         a = (folder / "remote/1.0.0" / f"remote-train.array_record-{shard:05d}-of-00002")
         b = (folder / "local/1.0.0" / f"local-train.array_record-{shard:05d}-of-00002")
         assert a.read_bytes() == b.read_bytes()  # the same records, byte for byte
+
+
+def test_a_tokenizer_built_into_a_bucket_loads_from_it_with_the_local_ids(bucket_data, tmp_path):
+    """The pod recipe's tokenizer path: ``build_tokenizer --output=gs://...`` writes the model
+    into the bucket, and ``data.preprocess.tokenizer.path = gs://...`` loads it; the ids equal
+    those of the same build written locally."""
+    from contrastive_jax.training.data import build_tokenizer
+    from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
+
+    local = prepare("digit_captions/mnist1d", verbose=False)
+    data_dir = str(Path(local.data_dir).parents[1])
+    common = ["--dataset=digit_captions/mnist1d", f"--data_dir={data_dir}", "--split=train",
+              "--caption_key=caption", "--vocab_size=40"]
+    remote = f"gs://{BUCKET}/tokenizers/digits.model"
+    assert build_tokenizer.main([*common, f"--output={remote}"]) == 0
+    assert build_tokenizer.main([*common, f"--output={tmp_path / 'digits.model'}"]) == 0
+    assert gcsfs.GCSFileSystem().exists(remote.removeprefix("gs://"))
+    from_bucket = load_tokenizer({"kind": "sentencepiece", "path": remote})
+    from_disk = load_tokenizer({"kind": "sentencepiece", "path": str(tmp_path / "digits.model")})
+    texts = ["a signal of the digit seven", "three"]
+    for text in texts:
+        np.testing.assert_array_equal(from_bucket.encode(text, 12), from_disk.encode(text, 12))
+    assert all(np.any(np.asarray(from_bucket.encode(t, 12)) != 0) for t in texts)
