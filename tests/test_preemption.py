@@ -69,3 +69,51 @@ def test_cpu_path_is_the_signal_flag(monkeypatch):
         signal.raise_signal(signal.SIGTERM)
         assert stop.received == signal.SIGTERM and stop.should_stop(2)
     assert {s: signal.getsignal(s) for s in preemption.SIGNALS} == before
+
+
+def test_an_interrupt_re_raised_by_a_library_still_names_its_signal():
+    """TFDS re-raises an exception caught while it builds a dataset with its own words in front
+    (``Failed to construct dataset "mnist1d", ...: SIGTERM``); the stop line must still say
+    ``SIGTERM`` (the chaos run's signal during the final evaluation printed TFDS's words)."""
+    import signal as signals
+
+    from tensorflow_datasets.core.utils import py_utils
+
+    from contrastive_jax.training.run.preemption import Interrupted
+
+    with pytest.raises(Interrupted) as caught:
+        try:
+            raise Interrupted(signals.SIGTERM)
+        except Interrupted as err:
+            py_utils.reraise(err, prefix='Failed to construct dataset "mnist1d": ')
+    assert str(caught.value).startswith("Failed to construct dataset")  # what str() says
+    assert caught.value.signal_name == "SIGTERM"
+
+
+def test_the_trainer_names_the_signal_that_stopped_its_final_evaluation(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The final evaluation interrupted inside TFDS: the run says ``stopped by SIGTERM during
+    the final evaluation`` (not TFDS's message), writes no results.json, and a rerun
+    evaluates."""
+    import signal as signals
+
+    from tensorflow_datasets.core.utils import py_utils
+    from trained_workdirs import simclr_quick_config
+
+    from contrastive_jax.training import train
+    from contrastive_jax.training.run.preemption import Interrupted
+
+    def interrupted_in_tfds(*args, **kwargs):
+        try:
+            raise Interrupted(signals.SIGTERM)
+        except Interrupted as err:
+            py_utils.reraise(err, prefix='Failed to construct dataset "mnist1d": ')
+
+    config = simclr_quick_config()
+    config.evaluation.enabled = True
+    monkeypatch.setattr(train, "evaluate", interrupted_in_tfds)
+    stopped = train.train_and_evaluate(config, str(tmp_path))
+    out = capsys.readouterr().out
+    assert stopped["stopped_at"] == config.total_steps
+    assert "stopped by SIGTERM during the final evaluation: the training is finished" in out
+    assert "Failed to construct" not in out and not (tmp_path / "results.json").exists()

@@ -375,9 +375,9 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
     except Interrupted as stop:
         ckpt.close()  # waits for the last checkpoint if the signal came during that wait
         when = "during the final evaluation" if config.evaluation.enabled else "at the end"
-        progress.message(f"stopped by {stop} {when}: the training is finished and saved "
-                         f"(checkpoint {run.steps} in {run.workdir / 'checkpoints'}); run the "
-                         "same command to evaluate it and write results.json")
+        progress.message(f"stopped by {stop.signal_name} {when}: the training is finished and "
+                         f"saved (checkpoint {run.steps} in {run.workdir / 'checkpoints'}); run "
+                         "the same command to evaluate it and write results.json")
         progress.close()
         return {"steps": run.steps, "stopped_at": run.steps, "resumed_from": resumed}
     history.append({"step": run.steps, "wall_s": round(time.perf_counter() - run.start, 2),

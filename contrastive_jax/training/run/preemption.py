@@ -101,11 +101,20 @@ class StopSignal:
 
 
 class Interrupted(Exception):
-    """Raised by :func:`interrupt_on_signal`'s handler; ``signum`` is the signal."""
+    """Raised by :func:`interrupt_on_signal`'s handler; ``signum`` is the signal.
+
+    Libraries the signal interrupts may re-raise it with their own words prepended (TFDS:
+    ``Failed to construct dataset "mnist1d", ...: SIGTERM``), so name the signal with
+    :attr:`signal_name`, never ``str()``."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        """``"SIGTERM"``, whatever the message became."""
+        return signal.Signals(self.signum).name
 
 
 @contextlib.contextmanager
