@@ -45,13 +45,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TextIO
 
 from absl import flags, logging
 
 from contrastive_jax.accelerators import GiB, Target, gpu_cluster, tpu_slice
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.plan_search import Search, find_fit, paste, with_overrides
 
 # accelerator memory per chip (HBM), bytes: the chips a plan without a target compares with
 CHIPS = {"TPU v4": 32 * GiB, "TPU v5e": 16 * GiB, "TPU v5p": 95 * GiB, "TPU v6e": 32 * GiB,
@@ -229,100 +230,6 @@ def plan(config, mesh, *, status: TextIO | None = None) -> Plan:
         outputs_not_aliased=max(0, int(memory.output_size_in_bytes)
                                 - int(memory.alias_size_in_bytes)),
         compile_s=seconds, flops=_flops(compiled))
-
-
-# --------------------------------------------------------------------- the search for a fit
-@dataclasses.dataclass
-class Search:
-    """What the plan tried when the config did not fit: ``(overrides, plan)`` per compile, in
-    order, and the overrides of the smallest candidate that fits (``None``: none fits)."""
-
-    tried: list[tuple[dict[str, object], Plan]]
-    answer: dict[str, object] | None
-
-
-def with_overrides(config, overrides: Mapping[str, object]):
-    """A copy of ``config`` with dotted ``overrides`` (``{"model.remat": True}``) set."""
-    copy = config.copy_and_resolve_references()
-    with copy.unlocked():  # model.remat may be new to a config that never set it
-        for key, value in overrides.items():
-            *parents, leaf = key.split(".")
-            node = copy
-            for parent in parents:
-                node = node[parent]
-            node[leaf] = value
-    return copy
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def find_fit(config, mesh, budget: int, planned: Plan,
-             compile_plan: Callable[..., Plan] | None = None) -> Search:
-    """The smallest ``accumulation_steps`` (then with FSDP, then with remat as well, for what
-    the config does not already have) whose plan needs at most ``budget`` bytes per device.
-
-    Candidates are the divisors of the per-device batch above the config's own; memory falls
-    as the micro-batch shrinks. The first candidate compiled is the one ``planned`` predicts
-    (its temporaries taken as proportional to the micro-batch), then the search walks to the
-    smallest divisor that fits (down while the one below fits, up while it does not): usually
-    two compiles. With FSDP or remat added there is no plan to predict from, and the search
-    bisects. ``compile_plan(config, mesh)`` defaults to :func:`plan` (tests pass a model).
-    """
-    compile_plan = plan if compile_plan is None else compile_plan
-    per_device = planned.global_batch // planned.devices
-    tried: list[tuple[dict[str, object], Plan]] = []
-    fits: dict[tuple, bool] = {}
-
-    def check(extra: dict[str, object], k: int) -> bool:
-        key = (tuple(extra.items()), k)
-        if key not in fits:
-            overrides = {**extra, "accumulation_steps": k}
-            result = compile_plan(with_overrides(config, overrides), mesh)
-            tried.append((overrides, result))
-            fits[key] = result.total <= budget
-        return fits[key]
-
-    k0 = planned.accumulation_steps
-    ladders: list[dict[str, object]] = [{}]
-    if (config.get("sharding") or {}).get("params", "replicated") != "fsdp":
-        ladders.append({"sharding.params": "fsdp"})
-    if not config.model.get("remat"):
-        ladders.append({**ladders[-1], "model.remat": True})
-    for extra in ladders:
-        candidates = [k for k in divisors(per_device) if k > k0 or (extra and k == k0)]
-        if not candidates:
-            continue
-        if not extra:  # predict from the plan at k0, then walk
-            fixed = planned.total - planned.temporaries
-            i = next((i for i, k in enumerate(candidates)
-                      if fixed + planned.temporaries * k0 / k <= budget), len(candidates) - 1)
-            if check(extra, candidates[i]):
-                while i > 0 and check(extra, candidates[i - 1]):
-                    i -= 1
-                return Search(tried, {**extra, "accumulation_steps": candidates[i]})
-            while i + 1 < len(candidates):
-                i += 1
-                if check(extra, candidates[i]):
-                    return Search(tried, {**extra, "accumulation_steps": candidates[i]})
-            continue
-        lo, hi, best = 0, len(candidates) - 1, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if check(extra, candidates[mid]):
-                best, hi = mid, mid - 1
-            else:
-                lo = mid + 1
-        if best is not None:
-            return Search(tried, {**extra, "accumulation_steps": candidates[best]})
-    return Search(tried, None)
-
-
-def paste(overrides: Mapping[str, object]) -> str:
-    """``--config.KEY=VALUE`` flags for ``overrides``."""
-    return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
 
 
 # --------------------------------------------------------------------------------- report

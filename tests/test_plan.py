@@ -17,15 +17,12 @@ from contrastive_jax.plan import (
     Plan,
     Speed,
     compiling,
-    divisors,
     example_shapes,
-    find_fit,
-    paste,
     plan,
     report,
     target_report,
-    with_overrides,
 )
+from contrastive_jax.plan_search import divisors, find_fit, paste, with_overrides
 
 
 def block_params(w: int, r: int) -> int:
@@ -212,7 +209,7 @@ def test_a_real_search_on_the_tiny_template_compiles_to_a_fit():
     first = plan(config, mesh)
     assert first.flops and first.flops > 0
     budget = first.total - 1
-    found = find_fit(config, mesh, budget, first)
+    found = find_fit(config, mesh, budget, first, plan)
     assert found.answer is not None and found.answer["accumulation_steps"] > 1
     totals = {o["accumulation_steps"]: r.total for o, r in found.tried if len(o) == 1}
     k = found.answer["accumulation_steps"]

@@ -1,0 +1,107 @@
+"""The plan's search for a config that fits: the smallest ``accumulation_steps``, then FSDP, then
+remat, each candidate compiled (:func:`find_fit`); used by :mod:`contrastive_jax.plan`.
+
+A plan here is anything with ``total``, ``temporaries`` (bytes per device),
+``accumulation_steps``, ``global_batch`` and ``devices``, as :class:`contrastive_jax.plan.Plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Plan = Any  # contrastive_jax.plan.Plan (not imported: the plan imports this module)
+
+
+@dataclasses.dataclass
+class Search:
+    """What the plan tried when the config did not fit: ``(overrides, plan)`` per compile, in
+    order, and the overrides of the smallest candidate that fits (``None``: none fits)."""
+
+    tried: list[tuple[dict[str, object], Plan]]
+    answer: dict[str, object] | None
+
+
+def with_overrides(config, overrides: Mapping[str, object]):
+    """A copy of ``config`` with dotted ``overrides`` (``{"model.remat": True}``) set."""
+    copy = config.copy_and_resolve_references()
+    with copy.unlocked():  # model.remat may be new to a config that never set it
+        for key, value in overrides.items():
+            *parents, leaf = key.split(".")
+            node = copy
+            for parent in parents:
+                node = node[parent]
+            node[leaf] = value
+    return copy
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def find_fit(config, mesh, budget: int, planned: Plan,
+             compile_plan: Callable[..., Plan]) -> Search:
+    """The smallest ``accumulation_steps`` (then with FSDP, then with remat as well, for what
+    the config does not already have) whose plan needs at most ``budget`` bytes per device.
+
+    Candidates are the divisors of the per-device batch above the config's own; memory falls
+    as the micro-batch shrinks. The first candidate compiled is the one ``planned`` predicts
+    (its temporaries taken as proportional to the micro-batch), then the search walks to the
+    smallest divisor that fits (down while the one below fits, up while it does not): usually
+    two compiles. With FSDP or remat added there is no plan to predict from, and the search
+    bisects. ``compile_plan(config, mesh)`` compiles one candidate's plan
+    (:func:`contrastive_jax.plan.plan`; tests pass a model).
+    """
+    per_device = planned.global_batch // planned.devices
+    tried: list[tuple[dict[str, object], Plan]] = []
+    fits: dict[tuple, bool] = {}
+
+    def check(extra: dict[str, object], k: int) -> bool:
+        key = (tuple(extra.items()), k)
+        if key not in fits:
+            overrides = {**extra, "accumulation_steps": k}
+            result = compile_plan(with_overrides(config, overrides), mesh)
+            tried.append((overrides, result))
+            fits[key] = result.total <= budget
+        return fits[key]
+
+    k0 = planned.accumulation_steps
+    ladders: list[dict[str, object]] = [{}]
+    if (config.get("sharding") or {}).get("params", "replicated") != "fsdp":
+        ladders.append({"sharding.params": "fsdp"})
+    if not config.model.get("remat"):
+        ladders.append({**ladders[-1], "model.remat": True})
+    for extra in ladders:
+        candidates = [k for k in divisors(per_device) if k > k0 or (extra and k == k0)]
+        if not candidates:
+            continue
+        if not extra:  # predict from the plan at k0, then walk
+            fixed = planned.total - planned.temporaries
+            i = next((i for i, k in enumerate(candidates)
+                      if fixed + planned.temporaries * k0 / k <= budget), len(candidates) - 1)
+            if check(extra, candidates[i]):
+                while i > 0 and check(extra, candidates[i - 1]):
+                    i -= 1
+                return Search(tried, {**extra, "accumulation_steps": candidates[i]})
+            while i + 1 < len(candidates):
+                i += 1
+                if check(extra, candidates[i]):
+                    return Search(tried, {**extra, "accumulation_steps": candidates[i]})
+            continue
+        lo, hi, best = 0, len(candidates) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if check(extra, candidates[mid]):
+                best, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return Search(tried, {**extra, "accumulation_steps": candidates[best]})
+    return Search(tried, None)
+
+
+def paste(overrides: Mapping[str, object]) -> str:
+    """``--config.KEY=VALUE`` flags for ``overrides``."""
+    return " ".join(f"--config.{k}={v}" for k, v in overrides.items())
