@@ -115,6 +115,16 @@ def test_mismatches_say_which_leaf_or_setting(tmp_path):
               "target": "text_encoder/norm"})
     with pytest.raises(ConfigError, match="not a subtree of this model"):
         load({"path": path, "source": "text_encoder", "target": "image_tower"})
+    # a default written out equals one left out (the converters write every setting)...
+    explicit = config.model.to_dict()
+    explicit["text_projection"] = "linear"
+    explicit["text_encoder"] = {**explicit["text_encoder"], "layer_norm_eps": 1e-6}
+    load({"path": path}, explicit)
+    # ... and a setting other than the default is a difference
+    explicit["text_encoder"]["layer_norm_eps"] = 1e-5
+    with pytest.raises(ConfigError, match=r"differ at 'text_encoder.layer_norm_eps': 1e-06 "
+                                          r"in .* vs 1e-05 here"):
+        load({"path": path}, explicit)
     with pytest.raises(ConfigError, match="neither a converted checkpoint"):
         load({"path": str(tmp_path / "nothing")})
     with pytest.raises(ConfigError, match="unknown keys"):

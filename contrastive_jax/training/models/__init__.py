@@ -13,6 +13,9 @@ dual encoder.
     model.remat        False (default) | True: rematerialise the repeated blocks (Transformer
                        blocks, ResNet blocks, the signal CNN's and the MLP's layers; remat.py)
     model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
+    model.sample_projection, model.text_projection (dual encoder)
+                       "linear" (default, bias-free) | "linear_bias" | "none" (identity; the
+                       tower's features must equal embed_dim): dual_encoder.PROJECTIONS
 
 ``"simclr"`` and ``"moco"`` name the projected encoder too, deprecated
 (:data:`DEPRECATED_MODEL_NAMES`: a ``DeprecationWarning``); MoCo's ``momentum`` and
@@ -20,9 +23,10 @@ dual encoder.
 :mod:`contrastive_jax.training.methods.momentum_contrast`), and in a ``model`` block they are a
 :class:`ConfigError` naming the new key (:data:`MOVED_TO_METHODS`).
 
-The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP are in
-encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint into such a
-``dual_encoder`` block and its parameters (docs/pretrained.md).
+The ``vit`` and ``text_transformer`` options that express OpenAI's / open_clip's CLIP and
+SigLIP towers (``pool="map"``, ``norm_after_pool``, text ``pool="last"|"first"|"eos"`` with
+``eos_id``) are in encoders/transformer.py; converters/clip_import.py turns a CLIP checkpoint
+into such a ``dual_encoder`` block and its parameters (docs/pretrained.md).
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ MODEL_KEYS = {
     "projected_encoder": {"name", "encoder", "head", "learn_temperature", "init_temperature",
                           *MODEL_WIDE},
     "dual_encoder": {"name", "sample_encoder", "text_encoder", "embed_dim", "init_temperature",
-                     "siglip", "init_bias", *MODEL_WIDE},
+                     "siglip", "init_bias", "sample_projection", "text_projection",
+                     *MODEL_WIDE},
 }
 # set once for the whole model by build_model, never in an encoder's own block
 _FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.remat_policy"}
@@ -141,9 +146,39 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
         return ProjectedEncoder(encoder, head, **options)
     sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype, remat_policy=policy)
     text = build_encoder(config["text_encoder"], rngs, dtype=dtype, remat_policy=policy)
-    options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias")
-               if k in config}
+    options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias",
+                                      "sample_projection", "text_projection") if k in config}
     return DualEncoder(sample, text, dtype=dtype, rngs=rngs, **options)
+
+
+def _defaults(cls, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty
+            and name not in ("self", "rngs", *_FROM_MODEL, *skip)}
+
+
+def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a ``model`` block or an encoder block with every setting left out written
+    with the value its constructor takes by default (nested encoder blocks too), so that two
+    blocks that build the same model compare equal whether a default is written out or not
+    (``model.init_from``'s check). A block of another kind comes back as it is."""
+    config = dict(config)
+    name = config.get("name")
+    if name in ENCODERS:
+        return {**_defaults(ENCODERS[name]), **config}
+    name = DEPRECATED_MODEL_NAMES.get(name, name)
+    if name == "dual_encoder":
+        config = {**_defaults(DualEncoder), **config}
+        towers = ("sample_encoder", "text_encoder")
+    elif name == "projected_encoder":
+        config = {**_defaults(ProjectedEncoder), **config}
+        towers = ("encoder",)
+    else:
+        return config
+    for key in towers:
+        if isinstance(config.get(key), Mapping):
+            config[key] = with_defaults(config[key])
+    return config
 
 
 def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
@@ -157,4 +192,5 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
 
 __all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MOVED_TO_METHODS", "DualEncoder",
            "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet", "SignalCNN",
-           "TextTransformer", "ViT", "build_encoder", "build_model", "model_name", "model_settings"]
+           "TextTransformer", "ViT", "build_encoder", "build_model", "model_name", "model_settings",
+           "with_defaults"]

@@ -51,6 +51,7 @@ from etils import epath
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models import with_defaults
 from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
 
@@ -204,7 +205,8 @@ def _block(model: Mapping[str, Any], subtree: str):
         return None
     if not subtree:  # the whole model: in today's names (config_record.upgrade)
         block = upgrade({"model": _plain(block)})["model"]
-    return {k: v for k, v in _plain(block).items() if k not in NOT_ARCHITECTURE}
+    block = with_defaults(_plain(block))  # a default left out equals one written out
+    return {k: v for k, v in block.items() if k not in NOT_ARCHITECTURE}
 
 
 def _plain(value):

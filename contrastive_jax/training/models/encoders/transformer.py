@@ -6,7 +6,11 @@ open_clip's ViT-CLIP exactly (``models/converters/clip_import.py`` sets them fro
 checkpoint): a class token, ``ln_pre``, pooling at the class token or (text) at the largest
 token id, a causal mask, exact or quick GELU, LayerNorm eps 1e-5, no output layer (the dual
 encoder's bias-free projection is CLIP's ``proj`` / ``text_projection``) and a patch
-convolution without bias.
+convolution without bias. They also express SigLIP's towers ([SigLIP]) as open_clip builds them
+([OpenCLIP]): timm's ViT without class token, pooled by an attention-pool head with one latent
+query (:class:`MapHead`, ``pool="map"``), and a text tower without causal mask pooled at the last
+position (``pool="last"``); and open_clip's other text pools (``"first"``, ``"eos"``) and its
+``final_ln_after_pool`` for the mean pool (``norm_after_pool``).
 """
 
 from __future__ import annotations
@@ -118,6 +122,57 @@ def run_blocks(blocks, h: jax.Array, mask: jax.Array | None, *, train: bool,
     return h
 
 
+VIT_POOLS = ("mean", "token", "map")
+TEXT_POOLS = ("mean", "argmax", "last", "first", "eos")
+
+
+class MapHead(nnx.Module):
+    """Multihead attention pooling with one learned latent query ("MAP"), SigLIP's image head
+    ([SigLIP]; timm's ``AttentionPoolLatent`` with ``latent_len=1``, q projection, q/k/v biases,
+    no qk-norm and no position embedding, as open_clip's SigLIP towers use it, [OpenCLIP]).
+
+    Input ``h (B, N, width)`` (the tower's normalised tokens), output ``(B, width)``::
+
+        a = MHA(query = latent, key = value = h)     (B, 1, width), one query per example
+        x = out(a)                                   the attention's output projection
+        x = x + fc2(act(fc1(norm(x))))               no residual around the attention
+        z = x[:, 0]
+
+    ``MHA``: ``heads`` heads of ``width / heads``, ``softmax(q k^T / sqrt(width / heads)) v``
+    by :func:`attention` (a float64 model stays float64). Parameters: ``latent (1, 1, width)``;
+    ``attention/{query,key,value}/kernel (width, heads, width / heads)`` and ``bias (heads,
+    width / heads)`` (timm's ``q.weight`` and the two halves of ``kv.weight``, rows ``[0, width)``
+    the key and ``[width, 2 width)`` the value, each output index ``head * (width / heads) + d``);
+    ``attention/out/kernel (heads, width / heads, width)``, ``bias (width,)`` (timm's ``proj``);
+    ``norm`` (LayerNorm, epsilon ``layer_norm_eps``); ``fc1 (width, hidden)``, ``fc2 (hidden,
+    width)`` with biases (timm's ``mlp``). ``activation``: a key of :data:`ACTIVATIONS`;
+    ``dtype``: the compute dtype (:mod:`.precision`), as :class:`Block`. No dropout (timm's
+    ``proj_drop`` is 0 in its ViTs).
+    """
+
+    def __init__(self, width: int, heads: int, hidden: int, *, activation: str = "gelu",
+                 layer_norm_eps: float = 1e-6, dtype=None, rngs: nnx.Rngs):
+        if width % heads:
+            raise ConfigError(f"width {width} must be a multiple of heads {heads}")
+        # timm: trunc_normal_tf_(latent, std=width ** -0.5), truncated at 2 standard deviations
+        self.latent = nnx.Param(width ** -0.5 * jax.random.truncated_normal(
+            rngs.params(), -2.0, 2.0, (1, 1, width)))
+        self.attention = nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs,
+                                                keep_rngs=False, attention_fn=attention,
+                                                dtype=dtype)
+        self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+        self.fc1 = nnx.Linear(width, hidden, dtype=dtype, rngs=rngs)
+        self.fc2 = nnx.Linear(hidden, width, dtype=dtype, rngs=rngs)
+        self.activation = check_activation(activation)
+
+    def __call__(self, h: jax.Array) -> jax.Array:
+        """``h (B, N, width)`` to ``(B, width)``."""
+        query = jnp.broadcast_to(self.latent[...].astype(h.dtype), (h.shape[0], 1, h.shape[-1]))
+        x = self.attention(query, h, h, deterministic=True)
+        x = x + self.fc2(ACTIVATIONS[self.activation](self.fc1(self.norm(x))))
+        return x[:, 0]
+
+
 def _output_layer(width: int, features: int | None, dtype, rngs: nnx.Rngs):
     """``(Linear(width, features) or None, features of the tower)``: ``features=None`` means no
     output layer, the tower's features are the pooled, normalised ``width`` vector (CLIP: the
@@ -138,31 +193,46 @@ class ViT(nnx.Module):
         h = norm_pre(h)                              with pre_norm (CLIP's ln_pre)
         h = blocks(h)
         z = mean_t norm(h_t)  (pool="mean", over the patch tokens)  or
-            norm(h_0)         (pool="token", the class token; CLIP's ln_post)
+            norm(mean_t h_t)  (pool="mean", norm_after_pool=True)  or
+            norm(h_0)         (pool="token", the class token; CLIP's ln_post)  or
+            map(norm(h_t))    (pool="map", over the patch tokens: :class:`MapHead`)
         out(z)  (features: int)  or  z  (features=None, width features)
 
     The defaults are this project's ViT; ``class_token=True, pre_norm=True, pool="token",
     features=None, patch_bias=False, activation="quick_gelu" or "gelu", layer_norm_eps=1e-5``
     is OpenAI's / open_clip's ``VisionTransformer`` (whose ``proj`` is the dual encoder's
-    ``sample_proj``). Dropout (``dropout > 0`` and ``train``) needs ``dropout_keys``: one PRNG
-    key per example (:mod:`.dropout`). ``dtype``: the compute dtype (:mod:`.precision`);
-    ``remat_policy``: each block rematerialised under that policy (:mod:`.remat`; ``None``:
-    off). Both are set from ``config.model`` by
-    :func:`~contrastive_jax.training.models.build_model`.
+    ``sample_proj``). ``class_token=False, pool="map", features=None, activation="gelu",
+    layer_norm_eps=1e-6`` (``patch_bias=True, pre_norm=False``, the defaults) is timm's
+    ``VisionTransformer(class_token=False, global_pool="map")``, SigLIP's image tower in open_clip
+    ([SigLIP], [OpenCLIP]); its head has the blocks' heads, MLP hidden width, activation and
+    epsilon. ``norm_after_pool=True`` (only with ``pool="mean"``) is open_clip's
+    ``final_ln_after_pool`` / timm's ``fc_norm`` for the average pool: the LayerNorm of the mean
+    instead of the mean of the LayerNorms. Dropout (``dropout > 0`` and ``train``) needs
+    ``dropout_keys``: one PRNG key per example (:mod:`.dropout`). ``dtype``: the compute dtype
+    (:mod:`.precision`); ``remat_policy``: each block rematerialised under that policy
+    (:mod:`.remat`; ``None``: off; the attention-pool head is not). Both are set from
+    ``config.model`` by :func:`~contrastive_jax.training.models.build_model`.
     """
 
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
                  depth: int = 4, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
                  features: int | None = 128, class_token: bool = False, pre_norm: bool = False,
                  pool: str = "mean", patch_bias: bool = True, activation: str = "gelu_tanh",
-                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None, dtype=None,
-                 remat_policy: str | None = None, rngs: nnx.Rngs):
+                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None,
+                 norm_after_pool: bool = False, dtype=None, remat_policy: str | None = None,
+                 rngs: nnx.Rngs):
         if image_size % patch:
             raise ConfigError(f"image_size {image_size} must be a multiple of patch {patch}")
-        if pool not in ("mean", "token"):
-            raise ConfigError(f"ViT pool must be 'mean' or 'token'; got {pool!r}")
+        if pool not in VIT_POOLS:
+            raise ConfigError(f"ViT pool must be one of {list(VIT_POOLS)}; got {pool!r}")
         if pool == "token" and not class_token:
             raise ConfigError("ViT pool='token' reads the class token: set class_token=True")
+        if not isinstance(norm_after_pool, bool):
+            raise ConfigError(f"ViT norm_after_pool must be True or False; got "
+                              f"{norm_after_pool!r}")
+        if norm_after_pool and pool != "mean":
+            raise ConfigError(f"ViT norm_after_pool=True (LayerNorm of the token mean) applies to "
+                              f"pool='mean' only; got pool={pool!r}: set norm_after_pool=False")
         self.embed = nnx.Conv(in_channels, width, (patch, patch), strides=patch,
                               padding="VALID", use_bias=patch_bias, dtype=dtype, rngs=rngs)
         tokens = (image_size // patch) ** 2 + int(class_token)
@@ -176,9 +246,13 @@ class ViT(nnx.Module):
                                       dtype=dtype, rngs=rngs)
                                 for _ in range(depth)])
         self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
+        self.map_head = (MapHead(width, heads, mlp_hidden(width, mlp_ratio, mlp_width),
+                                 activation=activation, layer_norm_eps=layer_norm_eps,
+                                 dtype=dtype, rngs=rngs)
+                         if pool == "map" else None)
         self.out, self.features = _output_layer(width, features, dtype, rngs)
         self.image_size, self.in_channels, self.pool = image_size, in_channels, pool
-        self.remat_policy = remat_policy
+        self.norm_after_pool, self.remat_policy = norm_after_pool, remat_policy
 
     def __call__(self, x: jax.Array, *, train: bool,
                  dropout_keys: jax.Array | None = None) -> jax.Array:
@@ -196,10 +270,15 @@ class ViT(nnx.Module):
             h = self.norm_pre(h)
         h = run_blocks(self.blocks, h, None, train=train, dropout_keys=dropout_keys,
                        remat_policy=self.remat_policy)
+        patches = h[:, int(self.class_embedding is not None):]  # timm / open_clip pool these
         if self.pool == "token":
             z = self.norm(h[:, 0])
-        else:  # the patch tokens' mean (open_clip's pool_type="avg" leaves the class token out)
-            z = jnp.mean(self.norm(h[:, int(self.class_embedding is not None):]), axis=1)
+        elif self.pool == "map":
+            z = self.map_head(self.norm(patches))
+        elif self.norm_after_pool:
+            z = self.norm(jnp.mean(patches, axis=1))
+        else:
+            z = jnp.mean(self.norm(patches), axis=1)
         return z if self.out is None else self.out(z)
 
 
@@ -218,21 +297,42 @@ class TextTransformer(nnx.Module):
     the real tokens. ``pool="argmax"``: ``z_b = norm(h)[b, argmax_t ids[b, t]]``, the position of
     the largest id, which in CLIP's vocabulary is the end-of-text token (OpenAI's
     ``text.argmax(dim=-1)``, open_clip's ``pool_type='argmax'``); no padding mask (id 0 is a real
-    token there, ``'!'``). ``causal=True``: token ``t`` attends to tokens ``<= t`` only (CLIP's
-    ``attn_mask``), combined with the padding mask under ``pool="mean"``. ``features=None,
-    pool="argmax", causal=True, activation="quick_gelu" or "gelu", layer_norm_eps=1e-5`` is
-    OpenAI's / open_clip's text tower (whose ``text_projection`` is the dual encoder's
-    ``text_proj``). ``dtype`` and ``remat_policy`` as :class:`ViT`.
+    token there, ``'!'``). The other selection pools are open_clip's ``text_global_pool``
+    ([OpenCLIP]): ``pool="last"``: ``z_b = norm(h)[b, T - 1]`` (SigLIP's text tower, [SigLIP],
+    whose tokenizer pads every caption to ``T``); ``pool="first"``: ``z_b = norm(h)[b, 0]``;
+    ``pool="eos"`` with ``eos_id``: ``z_b = norm(h)[b, t_b]``, ``t_b`` the first position with
+    ``ids[b, t] == eos_id`` and ``0`` when there is none (open_clip's ``(text ==
+    eos_id).int().argmax(-1)``). None of the selection pools masks padding. ``causal=True``:
+    token ``t`` attends to tokens ``<= t`` only (CLIP's ``attn_mask``), combined with the padding
+    mask under ``pool="mean"``; ``causal=False`` with a selection pool is full attention, no mask
+    at all (open_clip's ``no_causal_mask``). ``features=None, pool="argmax", causal=True,
+    activation="quick_gelu" or "gelu", layer_norm_eps=1e-5`` is OpenAI's / open_clip's text
+    tower (whose ``text_projection`` is the dual encoder's ``text_proj``); ``features=None,
+    pool="last", causal=False, activation="gelu", layer_norm_eps=1e-6`` is open_clip's SigLIP
+    text tower (its ``text_projection`` with bias: the dual encoder's
+    ``text_projection="linear_bias"``). ``dtype`` and ``remat_policy`` as :class:`ViT`.
     """
 
     def __init__(self, *, vocab_size: int, max_tokens: int, width: int = 128, depth: int = 2,
                  heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
                  features: int | None = 128, causal: bool = False, pool: str = "mean",
-                 activation: str = "gelu_tanh", layer_norm_eps: float = 1e-6,
-                 mlp_width: int | None = None, dtype=None, remat_policy: str | None = None,
-                 rngs: nnx.Rngs):
-        if pool not in ("mean", "argmax"):
-            raise ConfigError(f"TextTransformer pool must be 'mean' or 'argmax'; got {pool!r}")
+                 eos_id: int | None = None, activation: str = "gelu_tanh",
+                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None, dtype=None,
+                 remat_policy: str | None = None, rngs: nnx.Rngs):
+        if pool not in TEXT_POOLS:
+            raise ConfigError(f"TextTransformer pool must be one of {list(TEXT_POOLS)}; got "
+                              f"{pool!r}")
+        if pool == "eos":
+            if eos_id is None:
+                raise ConfigError("TextTransformer pool='eos' selects the first position whose "
+                                  "id is eos_id: set eos_id (an integer token id)")
+            if (isinstance(eos_id, bool) or not isinstance(eos_id, int)
+                    or not 0 <= eos_id < vocab_size):
+                raise ConfigError(f"TextTransformer eos_id must be a token id in [0, "
+                                  f"{vocab_size}) (vocab_size {vocab_size}); got {eos_id!r}")
+        elif eos_id is not None:
+            raise ConfigError(f"TextTransformer eos_id={eos_id!r} is used by pool='eos' only; "
+                              f"got pool={pool!r}: remove eos_id or set pool='eos'")
         self.tokens = nnx.Embed(vocab_size, width, rngs=rngs)
         self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(),
                                                             (1, max_tokens, width)))
@@ -243,7 +343,7 @@ class TextTransformer(nnx.Module):
         self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.out, self.features = _output_layer(width, features, dtype, rngs)
         self.vocab_size, self.max_tokens = vocab_size, max_tokens
-        self.causal, self.pool = causal, pool
+        self.causal, self.pool, self.eos_id = causal, pool, eos_id
         self.dtype, self.remat_policy = dtype, remat_policy
 
     def __call__(self, tokens: jax.Array, *, train: bool,
@@ -266,10 +366,19 @@ class TextTransformer(nnx.Module):
                  self.dtype)
         h = run_blocks(self.blocks, h, mask, train=train, dropout_keys=dropout_keys,
                        remat_policy=self.remat_policy)
-        if self.pool == "argmax":
-            last = jnp.argmax(tokens, axis=-1)
-            z = self.norm(jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
-        else:
+        if self.pool == "mean":
             h = self.norm(h) * real[..., None]
             z = h.sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1)
+        else:  # LayerNorm acts on each token: selecting first is open_clip's ln_final, then pool
+            z = self.norm(jnp.take_along_axis(h, self._pooled(tokens)[:, None, None],
+                                              axis=1)[:, 0])
         return z if self.out is None else self.out(z)
+
+    def _pooled(self, tokens: jax.Array) -> jax.Array:
+        """``(B,)`` the position each selection pool reads (see the class docstring)."""
+        if self.pool == "argmax":
+            return jnp.argmax(tokens, axis=-1)
+        if self.pool == "eos":  # the first match; 0 when absent (argmax of all-False)
+            return jnp.argmax(tokens == self.eos_id, axis=-1)
+        position = self.max_tokens - 1 if self.pool == "last" else 0
+        return jnp.full(tokens.shape[:1], position, jnp.int32)
