@@ -1,12 +1,15 @@
-"""Text tokenizers for captions: a word vocabulary, a SentencePiece model, or CLIP's BPE.
+"""Text tokenizers for captions: a word vocabulary, a SentencePiece model, CLIP's BPE, or
+SigLIP's SentencePiece tokenizer.
 
 Every tokenizer turns texts into rows ``(n, max_tokens)`` int32 of ``<bos> tokens... <eos>``
-followed by zeros, and **id 0 is padding** (except ``clip_bpe``, below): the text transformer
+followed by zeros, and **id 0 is padding** (except ``clip_bpe`` and
+``sentencepiece_open_clip``, below): the text transformer
 masks id 0 out of attention and out of its mean
 (:mod:`contrastive_jax.training.models.encoders.transformer`), so no real token may have id 0.
 ``vocab_size`` is the number of embedding rows the text tower needs (the largest id + 1).
 
-Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
+Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ..., **options}``; the
+options a kind takes are in :data:`KIND_OPTIONS`):
 
 - ``"words"``: a word vocabulary file, one word per line, the line number is the id, starting
   ``<pad> <unk> <bos> <eos>`` (``path = ""``: the package's ``vocab.txt`` of the digit
@@ -28,15 +31,25 @@ Kinds (config ``data.preprocess.tokenizer = {"kind": ..., "path": ...}``):
   pooling never read the padding); ``<bos>``/``<eos>`` are ``<start_of_text>`` /
   ``<end_of_text>`` (49406 / 49407 with OpenAI's file), ``vocab_size`` = 49408.
 
+- ``"sentencepiece_open_clip"``: SigLIP's tokenizer, a T5-layout SentencePiece model (``path``:
+  c4_en's ``spiece.model`` for open_clip's ``ViT-*-SigLIP`` models; [SigLIP], [T5]) cleaned
+  and padded as open_clip's ``HFTokenizer`` does: exactly its ids
+  (:mod:`contrastive_jax.training.data.text.open_clip_sentencepiece`). Options ``clean``
+  (``"canonicalize"``, the default and SigLIP's; ``"whitespace"``; ``"lower"``) and ``pad_id``
+  (default 1 = ``</s>``, SigLIP's padding). No ``<bos>``; rows are ``tokens </s>`` then
+  ``pad_id``, so **padding is 1, not 0** (SigLIP's text tower attends to all positions and
+  pools the last); ``vocab_size`` = the pieces (32,000).
+
 Truncation keeps ``<bos>``, the first ``max_tokens - 2`` tokens and ``<eos>`` (as CLIP cuts a
-caption at its context length and keeps the end token). Paths go through ``etils.epath``, so a
+caption at its context length and keeps the end token; ``sentencepiece_open_clip`` has no
+``<bos>`` and keeps ``max_tokens - 1``). Paths go through ``etils.epath``, so a
 model file may live on ``gs://``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from etils import epath
@@ -44,6 +57,9 @@ from etils import epath
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text.clip_bpe import ClipBpeTokenizer, read_merges
+from contrastive_jax.training.data.text.open_clip_sentencepiece import (
+    OpenClipSentencePieceTokenizer,
+)
 
 BUILD_COMMAND = ("python -m contrastive_jax.training.data.build_tokenizer --dataset=NAME "
                  "--data_dir=DIR --vocab_size=V --output=PATH.model")
@@ -55,7 +71,8 @@ class Tokenizer(Protocol):
     vocab_size: int
 
     def encode(self, texts: Sequence[str | bytes], max_tokens: int) -> np.ndarray:
-        """Rows ``(len(texts), max_tokens)`` int32: ``<bos> tokens <eos>``, 0-padded."""
+        """Rows ``(len(texts), max_tokens)`` int32: ``<bos> tokens <eos>``, 0-padded (the
+        exceptions: see the module docstring)."""
 
     def decode(self, tokens: np.ndarray) -> list[str]:
         """Texts of rows ``(n, max_tokens)`` (padding, ``<bos>``, ``<eos>`` dropped)."""
@@ -148,24 +165,43 @@ def _clip_bpe(path: str) -> ClipBpeTokenizer:
     return ClipBpeTokenizer(read_merges(_read(path, "clip_bpe"), path), path)
 
 
-TOKENIZER_KINDS = {"words": _words, "sentencepiece": _sentencepiece, "clip_bpe": _clip_bpe}
+def _sentencepiece_open_clip(path: str, clean: str = "canonicalize",
+                             pad_id: int | None = None) -> OpenClipSentencePieceTokenizer:
+    if not path:
+        raise ConfigError("data.preprocess.tokenizer.path must name a T5-style SentencePiece "
+                          ".model file (SigLIP's: spiece.model of the hub's timm/ViT-B-16-SigLIP) "
+                          "for kind 'sentencepiece_open_clip'")
+    return OpenClipSentencePieceTokenizer(_read(path, "sentencepiece_open_clip"), clean=clean,
+                                          pad_id=pad_id, source=path)
 
 
-def load_tokenizer(spec: Mapping[str, str]) -> Tokenizer:
-    """The tokenizer of ``spec = {"kind": ..., "path": ...}`` (``data.preprocess.tokenizer``).
+TOKENIZER_KINDS = {"words": _words, "sentencepiece": _sentencepiece, "clip_bpe": _clip_bpe,
+                   "sentencepiece_open_clip": _sentencepiece_open_clip}
 
-    ConfigError for an unknown kind or field, a missing or unreadable file.
+KIND_OPTIONS = {"words": (), "sentencepiece": (), "clip_bpe": (),
+                "sentencepiece_open_clip": ("clean", "pad_id")}
+"""The fields each kind takes besides ``kind`` and ``path``."""
+
+
+def load_tokenizer(spec: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer of ``spec = {"kind": ..., "path": ..., **options}``
+    (``data.preprocess.tokenizer``; options per kind: :data:`KIND_OPTIONS`).
+
+    ConfigError for an unknown kind, a field the kind does not take, a bad option value, a
+    missing or unreadable file.
     """
     spec = dict(spec)
-    unknown = sorted(set(spec) - {"kind", "path"})
-    if unknown:
-        raise ConfigError(f"unknown data.preprocess.tokenizer fields {unknown}; valid: "
-                          "['kind', 'path']")
     kind = spec.get("kind", "words")
     if kind not in TOKENIZER_KINDS:
         raise ConfigError(f"unknown data.preprocess.tokenizer.kind {kind!r}; valid: "
                           f"{sorted(TOKENIZER_KINDS)}")
-    return TOKENIZER_KINDS[kind](spec.get("path", "") or "")
+    valid = ["kind", "path", *KIND_OPTIONS[kind]]
+    unknown = sorted(set(spec) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown data.preprocess.tokenizer fields {unknown} for kind "
+                          f"{kind!r}; valid: {valid}")
+    options = {name: spec[name] for name in KIND_OPTIONS[kind] if name in spec}
+    return TOKENIZER_KINDS[kind](spec.get("path", "") or "", **options)
 
 
 def check_vocab_size(tokenizer: Tokenizer, vocab_size: int | None,
