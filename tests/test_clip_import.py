@@ -7,7 +7,10 @@ outputs for fixed inputs as .npz. Here they are converted and run in float32 (fe
 logits within 1e-5 of open_clip, relative to the largest entry), in float64 against a NumPy
 transcription of CLIP's forward pass in torch's tensor layout, with rematerialisation and
 bfloat16, and through the DIR/model.json + DIR/params format; and every way a checkpoint can
-fail to match gives a ConfigError naming the tensor.
+fail to match gives a ConfigError naming the tensor. These are bare state dicts: each conversion
+states what the shapes did not show (an AssumptionWarning, checked in
+test_bare_conversion_states_its_assumptions); conversions with an open_clip config are in
+tests/test_open_clip_config.py.
 """
 
 import json
@@ -28,6 +31,8 @@ FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 QUICK = FIXTURES / "open_clip_tiny_quickgelu.safetensors"
 EXACT = FIXTURES / "open_clip_tiny_gelu.safetensors"
 HEADS = {"vision_heads": 2, "text_heads": 2}  # the fixtures' heads (width 32, not width / 64)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::contrastive_jax.training.models.converters.clip_import.AssumptionWarning")
 
 
 def rel_error(ours, reference) -> float:
@@ -290,7 +295,7 @@ def test_heads_default_to_width_over_64_and_must_divide_the_width():
     tensors = clip_import.load_state_dict(QUICK)  # width 32: 32 // 64 = 0 heads
     with pytest.raises(ConfigError, match=r"vision heads = 0 .* set --vision_heads"):
         clip_import.architecture(tensors, quick_gelu=True, text_heads=2)
-    wide = {"visual.conv1.weight": np.zeros((128, 3, 4, 4)),
+    wide = {"visual.conv1.weight": np.zeros((128, 3, 4, 4)), "visual.ln_pre.weight": np.ones(128),
             "visual.positional_embedding": np.zeros((17, 128)),
             "visual.transformer.resblocks.0.mlp.c_fc.weight": np.zeros((500, 128)),
             "token_embedding.weight": np.zeros((100, 192)),
@@ -421,3 +426,37 @@ def test_non_finite_pixels_give_non_finite_embeddings():
     x = np.asarray(jitted_outputs(model_with(config, params), images, reference["texts"])[0])
     assert np.all(np.isnan(x[1])) and not np.all(np.isfinite(x[2]))
     assert np.all(np.isfinite(x[[0, 3]]))  # the other images are untouched
+
+
+def test_bare_conversion_states_its_assumptions():
+    with pytest.warns(clip_import.AssumptionWarning) as caught:
+        clip_import.convert(EXACT, quick_gelu=False, **HEADS)
+    (message,) = [str(w.message) for w in caught]
+    assert message == (
+        "converted from tensor shapes alone (no open_clip config), assuming image heads 2 (from "
+        "--vision_heads); text heads 2 (from --text_heads); LayerNorm eps 1e-5; image pooling at "
+        "the class token after ln_post (not pool_type 'avg' / final_ln_after_pool); a causal "
+        "text mask with argmax pooling (not pool_type 'eos', 'last' or no_causal_mask); "
+        "activation gelu (as given: --quick_gelu / quick_gelu=). A wrong assumption gives wrong "
+        "outputs, not an error: " + clip_import.CONFIG_HINT)
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"visual.layer1.0.conv1.weight": np.ones((2, 2))}, "this is a ResNet CLIP"),
+    ({"visual.trunk.pos_embed": np.ones((1, 16, 32))}, "a timm image tower"),
+    ({"transformer.embeddings.word_embeddings.weight": np.ones((2, 2))},
+     r"a Hugging Face text tower \('transformer.embeddings.word_embeddings.weight'\)"),
+    ({"text_projection.bias": np.ones(24)}, "tensor 'text_projection.bias': the text "
+                                            "projection has a bias"),
+    ({"logit_bias": np.ones(())}, "tensor 'logit_bias': a SigLIP-style model"),
+])
+def test_not_a_clip_is_said_before_asking_for_the_activation(tmp_path, extra, named):
+    """A file the converter can tell is not a default CLIP is refused with that reason, not
+    with the question about QuickGELU (no quick_gelu given, a name that says nothing)."""
+    from safetensors.numpy import save_file
+
+    tensors = {**clip_import.load_state_dict(EXACT), **extra}
+    path = tmp_path / "model.safetensors"
+    save_file({k: np.asarray(v, np.float32) for k, v in tensors.items()}, path)
+    with pytest.raises(ConfigError, match=named):
+        clip_import.convert(path)
