@@ -1,9 +1,10 @@
 """How the package's commands read their flags, print their help and report errors, on absl.
 
 Every ``python -m`` command of the package (``contrastive_jax.main``, ``.plan``, ``.demo``,
-``.training.data.prepare``, ``.training.data.build_tokenizer``,
-``.training.data.convert_shards``, ``.training.models.converters.clip_import``) is a
-:class:`Command` run by :func:`run`, which gives each the same command line:
+``.clip_export``, ``.training.data.prepare``, ``.training.data.build_tokenizer``,
+``.training.data.convert_shards``, ``.training.models.converters.clip_import``,
+``.training.models.converters.big_vision_import``) is a :class:`Command` run by :func:`run`,
+which gives each the same command line:
 
 - ``--help``, ``-h``, ``--helpshort``, ``--helpfull``: the command's docstring as plain text
   (:func:`plain_text`), its flags with their help and, for the training commands, the config
