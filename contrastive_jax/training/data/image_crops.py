@@ -1,10 +1,13 @@
 """Images on the host: decode (at reduced size where the crop allows), crop, resize, uint8 out.
 
-Two crops, both ending in a ``size x size`` uint8 RGB array:
+Three ways to a ``size x size`` uint8 RGB array:
 
 - :func:`center_crop` (evaluation; training with ``crop="center"``): the shorter side resized
   to ``size``, then the central ``size x size`` (CLIP's and open_clip's evaluation transform,
-  ``Resize(size) + CenterCrop(size)``);
+  ``Resize(size) + CenterCrop(size)``, open_clip's ``resize_mode="shortest"``);
+- :func:`squash_resize` (open_clip's ``resize_mode="squash"``, its SigLIP evaluation
+  transform ``Resize((size, size))``): the whole image resized to ``size x size``, the aspect
+  ratio not kept;
 - :func:`random_resized_crop` (training): a box of area fraction ``~ U(scale)`` and aspect ratio
   ``~ logU(ratio)`` at a uniform position, resized to ``size x size``; torchvision's
   ``RandomResizedCrop`` sampler (10 tries, then the centre crop of the clamped ratio), as
@@ -120,6 +123,19 @@ def center_crop(image, size: int, *, resize: str = "bicubic",
     resized = pil.resize((out_w, out_h), RESIZE[check_resize(resize)])
     left, top = round((out_w - size) / 2), round((out_h - size) / 2)
     return np.asarray(resized.crop((left, top, left + size, top + size)).convert("RGB"))
+
+
+def squash_resize(image, size: int, *, resize: str = "bicubic") -> np.ndarray:
+    """``(size, size, 3)`` uint8: the whole image resized to ``size x size`` (``resize``), as
+    torchvision's ``Resize((size, size))`` on a PIL image (open_clip's SigLIP evaluation
+    transform, ``resize_mode="squash"``); converted to RGB after the resize.
+
+    ``image``: encoded bytes or an ``(H, W, 3)`` uint8 array.
+    """
+    pil = open_image(image)
+    w, h = pil.size
+    pil, _ = _decode(pil, (0, 0, w, h), size, False)
+    return np.asarray(pil.resize((size, size), RESIZE[check_resize(resize)]).convert("RGB"))
 
 
 def crop_box(width: int, height: int, rng: np.random.Generator,

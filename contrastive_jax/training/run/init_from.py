@@ -115,9 +115,10 @@ class Pretrained:
     skipped: tuple[str, ...] = ()  # a workdir's newer checkpoints that could not be used, why
 
 
-def read(path: str | os.PathLike) -> Pretrained:
+def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
     """The parameters (and a workdir's BatchNorm statistics) stored at ``path`` as host arrays;
-    a :class:`ConfigError` saying what ``path`` should hold otherwise."""
+    a :class:`ConfigError` saying what ``path`` should hold otherwise. ``step``: a workdir's
+    checkpoint of that step (default: the newest usable one)."""
     root = epath.Path(path)
     if (root / "model.json").exists() and (root / "params").exists():
         model = _json(root / "model.json")
@@ -126,6 +127,12 @@ def read(path: str | os.PathLike) -> Pretrained:
     checkpoints = root / "checkpoints"
     steps = sorted(int(p.name) for p in checkpoints.iterdir()
                    if p.name.isdigit()) if checkpoints.exists() else []
+    if step is not None and steps:
+        if step not in steps:
+            raise ConfigError(f"{root} has no checkpoint of step {step}; its steps: {steps}")
+        steps = [step]
+    if not steps and not checkpoints.exists():
+        return _open_clip(path)
     if not steps:
         raise ConfigError(
             f"model.init_from path {root} is neither a converted checkpoint (model.json and "
@@ -153,6 +160,24 @@ def read(path: str | os.PathLike) -> Pretrained:
     raise ConfigError(f"model.init_from path {root}: none of its checkpoints (steps {steps}) "
                       f"can be used: {'; '.join(skipped)}. Point init_from at another run or "
                       "rerun the pretraining")
+
+
+def _open_clip(path: str | os.PathLike) -> Pretrained:
+    """An open_clip model (a hub-layout directory, a cache snapshot, ``hf-hub:ORG/NAME``, a
+    recorded model name) converted in memory
+    (:func:`~contrastive_jax.training.models.converters.clip_import.convert_open_clip`), as a
+    converted checkpoint; a :class:`ConfigError` naming the three kinds of path otherwise."""
+    from contrastive_jax.training.models.converters.clip_import import convert_open_clip
+
+    try:
+        converted = convert_open_clip(os.fspath(path))
+    except ConfigError as err:
+        raise ConfigError(
+            f"model.init_from path {path} is neither a converted checkpoint (model.json and "
+            "params/), a trainer workdir with checkpoints (checkpoints/<step>/), nor an "
+            f"open_clip model ({err}); run the pretraining first or fix the path") from None
+    return Pretrained("converted", converted.description, converted.model,
+                      _flat(converted.params, drop_value=False), {})
 
 
 def _json(path: epath.Path) -> dict:
@@ -356,9 +381,15 @@ def pretrained_preprocess(config, recorded: Mapping[str, Any] | None = None
             f"{stored['mean']}, std {stored['std']}"]
     for spec in specs:
         path = epath.Path(spec.path) / PREPROCESS_FILE
-        if not path.exists() or not (epath.Path(spec.path) / "model.json").exists():
-            continue
-        stored = {k: v for k, v in _json(path).items() if k in PIXEL_FIELDS}
+        if (epath.Path(spec.path) / "model.json").exists():
+            if not path.exists():
+                continue
+            stored = {k: v for k, v in _json(path).items() if k in PIXEL_FIELDS}
+        else:
+            stored = _open_clip_pixels(spec.path)
+            if stored is None:
+                continue
+            path = f"{spec.path}'s open_clip preprocess_cfg"
         if given:
             same = all(np.allclose(given.get(k, np.nan), stored.get(k, np.nan))
                        for k in PIXEL_FIELDS)
@@ -369,6 +400,24 @@ def pretrained_preprocess(config, recorded: Mapping[str, Any] | None = None
             f"data.preprocess.mean / std from {path} (the pixels the converted model "
             f"expects): mean {stored.get('mean')}, std {stored.get('std')}"]
     return config, []
+
+
+def _open_clip_pixels(path: str) -> dict[str, Any] | None:
+    """``{"mean", "std"}`` of an open_clip model's ``preprocess_cfg`` (a hub directory, a cache
+    snapshot, a recorded name; the weights are not read), None for a path of another kind."""
+    from contrastive_jax.training.models.converters import open_clip_config
+
+    root = epath.Path(path)
+    if (root / "checkpoints").exists() or str(path).startswith("gs://"):
+        return None
+    try:
+        source = open_clip_config.resolve(path)
+    except ConfigError:
+        return None
+    if source.model_cfg is None:
+        return None
+    pixels = open_clip_config.preprocess(source, 0)
+    return {k: pixels[k] for k in PIXEL_FIELDS}
 
 
 def _with_pixels(config, pixels: Mapping[str, Any]):

@@ -1,8 +1,14 @@
 """A converted model on disk: ``DIR/model.json`` (the ``model`` block that builds it),
 ``DIR/params`` (its parameters, an orbax ``StandardCheckpointer`` tree) and, where the model
 expects a pixel normalisation, ``DIR/preprocess.json`` (``data.preprocess`` fields: ``mean``,
-``std``, ``resize``, ``image_size``; a run that starts from the directory takes ``mean`` and
-``std`` from it, :func:`contrastive_jax.training.run.init_from.pretrained_preprocess`).
+``std``, ``resize``, ``image_size``, and ``resize_mode``: ``"shortest"`` (resize the shorter
+side, centre crop; the default) or ``"squash"``; a run that starts from the directory takes
+``mean`` and ``std`` from it,
+:func:`contrastive_jax.training.run.init_from.pretrained_preprocess`) and, where the converter
+was given the model's tokenizer, ``DIR/tokenizer.json`` (a ``data.preprocess.tokenizer`` spec
+whose ``path`` is relative to ``DIR``) with the tokenizer's file copied beside it
+(``DIR/tokenizer/``), so that the directory alone gives a ready model
+(:func:`contrastive_jax.pretrained.load_pretrained`).
 
 The converters (:mod:`.clip_import`) write it; ``model.init_from`` and
 :func:`load_converted` read it (docs/pretrained.md).
@@ -18,14 +24,21 @@ from typing import Any
 from contrastive_jax.errors import ConfigError
 
 PREPROCESS_FILE = "preprocess.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
                    params: Mapping[str, Any],
-                   preprocess: Mapping[str, Any] | None = None) -> None:
+                   preprocess: Mapping[str, Any] | None = None,
+                   tokenizer: Mapping[str, Any] | None = None) -> None:
     """Write ``out_dir/model.json`` (``model_config``), ``out_dir/params`` (orbax
-    ``StandardCheckpointer``) and, if given, ``out_dir/preprocess.json``. ``out_dir`` must not
-    exist or be empty (nothing is overwritten)."""
+    ``StandardCheckpointer``) and, if given, ``out_dir/preprocess.json`` and the tokenizer
+    (``tokenizer``: a ``data.preprocess.tokenizer`` spec whose ``path`` names an existing file;
+    the file is copied to ``out_dir/tokenizer/`` and ``out_dir/tokenizer.json`` records the spec
+    with that relative path). ``out_dir`` must not exist or be empty (nothing is
+    overwritten)."""
+    import shutil
+
     import orbax.checkpoint as ocp
 
     out_dir = os.path.abspath(os.fspath(out_dir))
@@ -39,6 +52,17 @@ def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
     if preprocess is not None:
         with open(os.path.join(out_dir, PREPROCESS_FILE), "w") as f:
             json.dump(dict(preprocess), f, indent=2)
+            f.write("\n")
+    if tokenizer is not None:
+        spec = dict(tokenizer)
+        source = os.fspath(spec.get("path", ""))
+        if not os.path.isfile(source):
+            raise ConfigError(f"tokenizer file {source!r} does not exist")
+        os.makedirs(os.path.join(out_dir, "tokenizer"))
+        spec["path"] = os.path.join("tokenizer", os.path.basename(source))
+        shutil.copyfile(source, os.path.join(out_dir, spec["path"]))
+        with open(os.path.join(out_dir, TOKENIZER_FILE), "w") as f:
+            json.dump(spec, f, indent=2)
             f.write("\n")
     with open(os.path.join(out_dir, "model.json"), "w") as f:  # last: the directory is complete
         json.dump(dict(model_config), f, indent=2)
@@ -63,3 +87,24 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
                           nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     params = ocp.StandardCheckpointer().restore(os.path.join(out_dir, "params"), target)
     return config, params
+
+
+def converted_extras(out_dir: str | os.PathLike) -> tuple[dict | None, dict | None]:
+    """``(preprocess, tokenizer spec)`` recorded in a converted directory, each ``None`` when
+    absent; the tokenizer's ``path`` made absolute (it is stored relative to the directory)."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    found = []
+    for name in (PREPROCESS_FILE, TOKENIZER_FILE):
+        path = os.path.join(out_dir, name)
+        if not os.path.exists(path):
+            found.append(None)
+            continue
+        with open(path) as f:
+            try:
+                found.append(json.load(f))
+            except ValueError as err:
+                raise ConfigError(f"{path} is not valid JSON ({err})") from None
+    preprocess, tokenizer = found
+    if tokenizer is not None:
+        tokenizer["path"] = os.path.join(out_dir, tokenizer.get("path", ""))
+    return preprocess, tokenizer
