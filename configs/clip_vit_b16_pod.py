@@ -45,9 +45,24 @@ on a dataset written by ``python -m contrastive_jax.training.data.convert_shards
 (one ``train`` split): its first ``heldout`` (default 5000) examples are the evaluation split
 (``train[:5000]``), the rest the training split (``train[5000:]``).
 
+**From a pretrained model** (LiT, [LiT]; docs/pretrained.md): ``pretrained=SOURCE`` (a
+converted directory, a trainer workdir, an open_clip hub directory or cache snapshot, an
+``hf-hub:`` id; :func:`contrastive_jax.pretrained.pretrained_config` reads its model block
+without its weights) makes the model exactly the source's (a CLIP or a SigLIP: then the
+SigLIP method and loss), started from its parameters (``model.init_from``), with the image
+tower locked (``mode=locked``, default: ``model.frozen = "sample_encoder"``) or everything
+trained (``mode=finetune``); the images at the model's size with the model's mean and std
+(filled at start from the source), captions at its context length with its own tokenizer (the
+source's file, or ``tokenizer=FILE``: that tokenizer's file, e.g. a SigLIP model's
+``spiece.model``). LiT with a SigLIP image tower is then one config::
+
+    python -m contrastive_jax.main --workdir=gs://BUCKET/lit \
+        --config=configs/clip_vit_b16_pod.py:pretrained=converted/vit_b16_siglip
+
 Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
-``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``tiny`` (a few-KB model, batch 16, one
-step: the test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
+``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``pretrained``, ``mode``, ``tiny`` (a
+few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step: the
+test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
 ``python -m contrastive_jax.training.data.prepare --mock coco_captions``).
 """
 
@@ -78,7 +93,8 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
-              steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False)
+              steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
+              pretrained="", mode="locked")
     config = base_config()
     config.data = data.default_config()
     split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
@@ -135,6 +151,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "warmup_steps": int(WARMUP_FRACTION * config.total_steps),
                         "b1": 0.9, "b2": 0.98, "eps": 1e-6, "weight_decay": 0.2,
                         "grad_clip_norm": 1.0}
+    if v.pretrained:
+        _from_pretrained(config, v.pretrained, v.mode, v.tokenizer, v.strategy)
+    elif v.mode != "locked":
+        raise ConfigError("mode= applies with pretrained=SOURCE (LiT or fine-tuning)")
     # the tokenizer's ids must fit the text tower's embedding rows (checked at start)
     config.data.preprocess.vocab_size = config.model.text_encoder.get_ref("vocab_size")
     # captions, no labels: retrieval Recall@k both ways, alignment and uniformity on the
@@ -145,15 +165,52 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if v.tiny:
         config.data.update({"batch_size": 16, "eval_batch_size": 16, "num_threads": 1,
                             "worker_count": 0, "prefetch": 1})
-        config.data.preprocess.update({"image_size": 32, "max_tokens": 12})
         config.total_steps = 1
         config.log_every = 1
         config.optimizer.warmup_steps = 0
         config.loss.block_size = 2
+        config.sharding.min_size = 0  # split even the tiny leaves, so the test covers FSDP
+        if v.pretrained:  # the source's model as it is
+            return config
+        config.data.preprocess.update({"image_size": 32, "max_tokens": 12})
         config.model.sample_encoder.update({"image_size": 32, "width": 16, "depth": 1,
                                             "heads": 2, "features": 16})
         config.model.text_encoder.update({"vocab_size": 64, "max_tokens": 12, "width": 16,
                                           "depth": 1, "heads": 2, "features": 16})
         config.model.embed_dim = 8
-        config.sharding.min_size = 0  # split even the tiny leaves, so the test covers FSDP
     return config
+
+
+def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, tokenizer: str,
+                     strategy: str) -> None:
+    """The model, pixels, captions and loss of a run that starts from ``source`` (the module
+    docstring, "From a pretrained model")."""
+    from contrastive_jax.pretrained import pretrained_config
+
+    if mode not in ("locked", "finetune"):
+        raise ConfigError(f"mode must be 'locked' (LiT: the image tower frozen) or 'finetune'; "
+                          f"got {mode!r}")
+    block, spec = pretrained_config(source)
+    if block.get("name") != "dual_encoder" or block["sample_encoder"].get("name") != "vit":
+        raise ConfigError(f"pretrained={source}: a dual encoder with a ViT image tower is "
+                          f"needed; its model is {block.get('name')!r}")
+    if spec is None:
+        raise ConfigError(f"pretrained={source}: its tokenizer is not one this project "
+                          "computes (CLIP's BPE, SigLIP's SentencePiece)")
+    if tokenizer:
+        spec = {**spec, "path": tokenizer}
+    if not spec.get("path"):
+        raise ConfigError(f"pretrained={source} has no tokenizer file: give its own with "
+                          f"tokenizer=FILE (kind {spec['kind']!r}: CLIP's "
+                          "bpe_simple_vocab_16e6.txt.gz or a SigLIP model's spiece.model)")
+    config.model = {**block, "dtype": "bfloat16", "remat": True,
+                    "init_from": {"path": source}}
+    if mode == "locked":
+        config.model.frozen = "sample_encoder"
+    config.data.preprocess.update({
+        "image_size": block["sample_encoder"]["image_size"],
+        "max_tokens": block["text_encoder"]["max_tokens"], "tokenizer": spec,
+        "mean": None, "std": None})  # the source's, filled at start (run/init_from.py)
+    if block.get("siglip"):
+        config.method = "siglip"
+        config.loss = {"name": "siglip", "strategy": strategy, "block_size": 1024}

@@ -195,6 +195,43 @@ def _workdir(path: str) -> PretrainedSource:
     return PretrainedSource(model, params, preprocess, tokenizer, f"workdir {stored.description}")
 
 
+def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(model block, tokenizer spec or None)`` of the sources of :func:`read_source`, read
+    from their configs alone (no parameters are read): a converted directory's ``model.json``
+    and ``tokenizer.json``, a workdir's ``config.json``, an open_clip model's config (its
+    ``init_temperature`` / ``init_bias`` are the config's initial values, not the
+    checkpoint's). For a config whose model starts from the source (``model.init_from``)."""
+    import json
+
+    path = os.fspath(path_or_name)
+    if os.path.isfile(os.path.join(path, "model.json")):
+        from contrastive_jax.training.models.converters.converted_directory import (
+            converted_extras,
+        )
+
+        with open(os.path.join(path, "model.json")) as f:
+            return json.load(f), converted_extras(path)[1]
+    if os.path.isdir(os.path.join(path, "checkpoints")) and \
+            os.path.isfile(os.path.join(path, "config.json")):
+        from contrastive_jax.training.run.workdir.config_record import upgrade
+
+        with open(os.path.join(path, "config.json")) as f:
+            config = upgrade(json.load(f))
+        return dict(config.get("model", {})), \
+            dict(config.get("data", {}).get("preprocess", {}).get("tokenizer") or {}) or None
+    from contrastive_jax.training.models.converters import open_clip_config
+    from contrastive_jax.training.models.converters.clip_import import tokenizer_spec
+
+    source = open_clip_config.resolve(path, pretrained=pretrained)
+    if source.model_cfg is None:
+        raise ConfigError(f"{path}: no open_clip config (open_clip_config.json) to read the "
+                          "model from; convert it with clip_import and its config first")
+    block = open_clip_config.model_block(source.model_cfg, timm_args=source.timm_args)
+    return block.model, tokenizer_spec(block.tokenizer, source.directory,
+                                       source.model_cfg.get("text_cfg"))
+
+
 def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32"):
     """The model of the ``model`` block holding ``params`` (nested pure dict); built with
     shapes only (``nnx.eval_shape``), then every parameter set. ``dtype``: the compute dtype
@@ -312,4 +349,4 @@ def zero_shot_classifier(model, tokenizer: TextTokenizer, class_names: Sequence[
 
 
 __all__ = ["ImagePreprocess", "PretrainedSource", "TextTokenizer", "build_pretrained_model",
-           "load_pretrained", "read_source", "zero_shot_classifier"]
+           "load_pretrained", "pretrained_config", "read_source", "zero_shot_classifier"]

@@ -142,3 +142,46 @@ def test_pod_template_start_errors(mock_coco, tmp_path):
     with pytest.raises(DatasetNotPreparedError,
                        match=r"(?s)'coco_captions' is not prepared.*tfds build coco_captions"):
         train.train_and_evaluate(config, str(tmp_path / "c"))
+
+
+def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
+    """``pretrained=DIR`` (a converted open_clip SigLIP: the timm map-head trunk of
+    tests/fixtures/open_clip_tiny_siglip, its text tower widened to the 2,000-piece SigLIP
+    tokenizer fixture, which the directory carries): the source's model block and tokenizer,
+    SigLIP's method, mean and std from the directory; one step on 8 devices (the ring loss)
+    leaves the locked image tower bit-identical to the converted one and moves the text tower."""
+    import json
+
+    from test_load_pretrained import FIXTURES, siglip_hub_directory
+
+    from contrastive_jax.training.models.converters import clip_import, converted_directory
+    from contrastive_jax.training.run.init_from import read
+
+    data_dir, _ = mock_coco
+    converted = clip_import.convert_open_clip(siglip_hub_directory(tmp_path))
+    block = {**converted.model, "text_encoder": {**converted.model["text_encoder"],
+                                                 "vocab_size": 2000}}
+    params = converted.params
+    table = params["text_encoder"]["tokens"]["embedding"]
+    params["text_encoder"]["tokens"]["embedding"] = np.resize(table, (2000, table.shape[1]))
+    source = tmp_path / "siglip"
+    converted_directory.save_converted(source, block, params, preprocess=converted.preprocess,
+                                       tokenizer=converted.tokenizer)
+    config = load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source}")
+    assert config.method == "siglip" and config.model.frozen == "sample_encoder"
+    assert config.data.preprocess.tokenizer.kind == "sentencepiece_open_clip"
+    assert (config.data.preprocess.image_size, config.data.preprocess.max_tokens) == (16, 10)
+    config.data.data_dir = data_dir
+    results = train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert results["steps"] == 1 and np.isfinite(results["final_train_metrics"]["loss"])
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["data"]["preprocess"]["mean"] == [0.5, 0.5, 0.5]
+    before, after = read(source).params, read(tmp_path / "run").params
+    assert sorted(before) == sorted(after)
+    for path, value in before.items():
+        same = after[path].tobytes() == value.tobytes()
+        assert same == path.startswith("sample_encoder/"), path
+    assert (FIXTURES / "siglip_spm.model").read_bytes() == \
+        (source / "tokenizer" / "spiece.model").read_bytes()
+    with pytest.raises(ConfigError, match="mode must be 'locked'"):
+        load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source},mode=scratch")

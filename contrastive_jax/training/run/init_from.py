@@ -56,9 +56,11 @@ from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
 
 FIELDS = ("path", "source", "target")
-# model settings that do not change the function (compute dtype, rematerialisation) or are
-# about training; left out when two model blocks are compared
-NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "frozen", "init_from")
+# model settings that do not change the function (compute dtype, rematerialisation), are
+# about training, or are initial values that the loaded parameters replace (the logit scale
+# and bias); left out when two model blocks are compared
+NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "frozen", "init_from", "init_temperature",
+                    "init_bias")
 
 
 @dataclasses.dataclass(frozen=True)
