@@ -254,3 +254,31 @@ def test_init_from_takes_an_open_clip_hub_directory_with_its_pixels(tmp_path):
     with pytest.raises(ConfigError, match=r"neither a converted checkpoint .* nor an open_clip "
                                           r"model \('no-such-model' is not a file"):
         load_into(state.params, state.rest, config.model, {"path": "no-such-model"})
+
+
+def test_the_converter_copies_the_tokenizer_into_the_directory(tmp_path, capsys):
+    """clip_import's command: a SigLIP hub directory's spiece.model goes into the converted
+    directory with its spec (and load_pretrained then finds it: here the 2,000-piece fixture
+    model does not fit the 64-id text tower, which it reports); --tokenizer names CLIP's merges
+    file for a bare state dict; without one a note says how to include it."""
+    import json
+
+    hub = siglip_hub_directory(tmp_path)
+    out = tmp_path / "siglip"
+    assert clip_import.main([f"--checkpoint={hub}", f"--output={out}"]) == 0
+    assert json.loads((out / "tokenizer.json").read_text()) == {
+        "kind": "sentencepiece_open_clip", "path": "tokenizer/spiece.model",
+        "clean": "canonicalize", "pad_id": 1}
+    assert (out / "tokenizer" / "spiece.model").read_bytes() == \
+        (FIXTURES / "siglip_spm.model").read_bytes()
+    with pytest.raises(ConfigError, match=r"2000 token ids .*vocab_size = 64"):
+        load_pretrained(out)
+    merges = FIXTURES / "clip_bpe_merges.txt.gz"
+    assert clip_import.main([f"--checkpoint={QUICK}", f"--output={tmp_path / 'a'}",
+                             "--vision_heads=2", "--text_heads=2"]) == 0
+    assert "note: no tokenizer file beside the weights" in capsys.readouterr().out
+    assert not (tmp_path / "a" / "tokenizer.json").exists()
+    assert clip_import.main([f"--checkpoint={QUICK}", f"--output={tmp_path / 'b'}",
+                             "--vision_heads=2", "--text_heads=2", f"--tokenizer={merges}"]) == 0
+    assert json.loads((tmp_path / "b" / "tokenizer.json").read_text()) == {
+        "kind": "clip_bpe", "path": f"tokenizer/{merges.name}"}

@@ -209,6 +209,6 @@ def check_vocab_size(tokenizer: Tokenizer, vocab_size: int | None,
     """ConfigError when the text tower's ``vocab_size`` has fewer rows than the tokenizer's
     ids need (a larger id would silently read a clipped embedding row)."""
     if vocab_size is not None and vocab_size < tokenizer.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} token ids (0 = padding) "
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} token ids "
                           f"but {field} = {vocab_size}; set {field} >= "
                           f"{tokenizer.vocab_size}")

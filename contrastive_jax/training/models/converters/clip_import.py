@@ -3,7 +3,7 @@
     python -m contrastive_jax.training.models.converters.clip_import --output=DIR \\
         --checkpoint=FILE|DIR|hf-hub:ORG/NAME [--open_clip_config=FILE|DIR] [--model=NAME]
         [--pretrained=TAG] [--quick_gelu=true|false] [--vision_heads=N] [--text_heads=N]
-        [--allow_torchscript]
+        [--tokenizer=FILE] [--allow_torchscript]
 
 reads a checkpoint the user already has (nothing is downloaded). With the model's open_clip
 config, the architecture comes from it (:mod:`.open_clip_config`: heads, activation, pooling,
@@ -41,6 +41,9 @@ parameter takes is a :class:`ConfigError` naming it), and ``DIR`` receives
     DIR/preprocess.json  the pixels the model expects: mean and std, resize kernel, resize
                      mode and image size (the config's preprocess_cfg or release; CLIP's
                      without one); a run starting from DIR takes the mean and std
+    DIR/tokenizer.json, DIR/tokenizer/  the model's tokenizer (``--tokenizer`` or the file
+                     beside the weights: CLIP's BPE merges, SigLIP's ``spiece.model``), so
+                     that :func:`contrastive_jax.pretrained.load_pretrained` gives a whole model
 
 The model computes what open_clip's ``encode_image`` / ``encode_text`` compute ([CLIP],
 [OpenCLIP], [SigLIP] in docs/references.md), images as ``(B, H, W, 3)`` already resized and
@@ -456,7 +459,7 @@ SENTENCEPIECE_TOKENIZERS = ("timm/ViT-B-16-SigLIP", "timm/ViT-B-16-SigLIP-i18n-2
 SENTENCEPIECE_FILE = "spiece.model"
 
 
-def _tokenizer(name: str | None, directory: str | None,
+def tokenizer_spec(name: str | None, directory: str | None,
                text_cfg: Mapping[str, Any] | None = None) -> dict | None:
     """The ``data.preprocess.tokenizer`` spec of a model: CLIP's BPE (``path`` the merges file
     beside the weights, or ``""``), SigLIP's SentencePiece (``spiece.model`` beside the weights
@@ -555,7 +558,7 @@ def convert_open_clip(source: str | os.PathLike | None = None, *,
     if block.get("siglip"):
         block["init_bias"] = float(params["bias"])
     return Converted(block, params, occ.preprocess(config, block["sample_encoder"]["image_size"]),
-                     _tokenizer(converted.tokenizer, config.directory, cfg.get("text_cfg")),
+                     tokenizer_spec(converted.tokenizer, config.directory, cfg.get("text_cfg")),
                      converted.tokenizer,
                      f"open_clip model ({config.origin}; weights {weights})", tuple(notes))
 
@@ -603,6 +606,11 @@ _VISION_HEADS = flags.DEFINE_integer(
 _TEXT_HEADS = flags.DEFINE_integer(
     "text_heads", None, "without a config: text tower heads (default width // 64)",
     flag_values=FLAGS)
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer", None, "the model's tokenizer file, copied into --output so that the directory "
+    "is a whole model (load_pretrained): CLIP's BPE merges file (bpe_simple_vocab_16e6.txt.gz) "
+    "or a SigLIP model's spiece.model; default: the one beside the weights, if any",
+    flag_values=FLAGS)
 _ALLOW_TORCHSCRIPT = flags.DEFINE_bool(
     "allow_torchscript", False, "read a TorchScript archive (OpenAI's release files) with "
     "torch.jit.load, which runs code stored in the file: only for a file you trust (refused "
@@ -633,8 +641,17 @@ def _convert_and_save(positional: list[str]) -> None:
         print(f"warning: {text}", file=sys.stderr)
     for text in converted.notes:
         print(f"note: {text}")
-    tokenizer = converted.tokenizer if converted.tokenizer and converted.tokenizer["path"] \
-        else None
+    tokenizer = converted.tokenizer
+    if _TOKENIZER.value is not None:
+        if tokenizer is None:
+            raise ConfigError(f"--tokenizer: the model's tokenizer ({converted.tokenizer_name}) "
+                              "is not one this project computes (CLIP's BPE, SigLIP's "
+                              "SentencePiece); drop the flag")
+        tokenizer = {**tokenizer, "path": _TOKENIZER.value}
+    if tokenizer and not tokenizer["path"]:
+        print(f"note: no tokenizer file beside the weights, so none in {_OUTPUT.value}; pass "
+              "--tokenizer=FILE to include it (load_pretrained then needs no tokenizer=)")
+    tokenizer = tokenizer if tokenizer and tokenizer["path"] else None
     save_converted(_OUTPUT.value, converted.model, converted.params,
                    preprocess=converted.preprocess, tokenizer=tokenizer)
     count = sum(int(np.prod(np.shape(x))) for x in _leaves(converted.params))
