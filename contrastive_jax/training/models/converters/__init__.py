@@ -1,11 +1,27 @@
-"""Checkpoints of other projects converted to this project's models, offline.
+"""Checkpoints of other projects converted to this project's models, and back, offline.
 
 - :mod:`~contrastive_jax.training.models.converters.clip_import`: an OpenAI CLIP or open_clip
-  ViT-CLIP checkpoint as a ``dual_encoder`` config block and its parameters (the command
-  ``python -m contrastive_jax.training.models.converters.clip_import``; docs/pretrained.md);
+  checkpoint (CLIP towers, SigLIP's timm towers) as a ``dual_encoder`` config block and its
+  parameters, from the model's own open_clip config or, without one, from tensor shapes (the
+  command ``python -m contrastive_jax.training.models.converters.clip_import``;
+  docs/pretrained.md);
+- :mod:`~contrastive_jax.training.models.converters.open_clip_config`: open_clip's model
+  configs (a file, a hub directory, a cache, a recorded name in ``open_clip_models.json``)
+  as ``dual_encoder`` blocks, every option converted exactly or refused by name
+  (docs/open_clip_models.md);
+- :mod:`~contrastive_jax.training.models.converters.open_clip_tensors`: open_clip state-dict
+  names and layouts to parameters and back;
+- :mod:`~contrastive_jax.training.models.converters.open_clip_export`: open_clip's files
+  (``open_clip_model.safetensors``, ``open_clip_config.json``) of a model (the command is
+  ``python -m contrastive_jax.clip_export``);
+- :mod:`~contrastive_jax.training.models.converters.big_vision_import`: big_vision's SigLIP
+  ``.npz`` checkpoints;
 - :mod:`~contrastive_jax.training.models.converters.state_dict_files`: PyTorch state dicts
-  (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays.
+  (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays;
+- :mod:`~contrastive_jax.training.models.converters.converted_directory`: a converted model on
+  disk (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``).
 
-Nothing here is imported by training; the package itself imports no converter, so
-``python -m`` runs each one without a second import.
+Training imports none of them but ``model.init_from``, which converts an open_clip source in
+memory (:mod:`contrastive_jax.training.run.init_from`); the package itself imports no
+converter, so ``python -m`` runs each one without a second import.
 """
