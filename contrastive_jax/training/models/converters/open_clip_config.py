@@ -106,10 +106,8 @@ VISION_NO_EFFECT = {
     "timm_drop": "training only (dropout before the timm projection)",
     "timm_drop_path": "training only (stochastic depth)",
 }
-# option: (the values supported, what the option is)
-VISION_REFUSED = {
-    "ls_init_value": ((None,), "LayerScale"),
-    "attentional_pool": ((False,), "CoCa's attentional pooler"),
+# option: (the values supported, what the option is); the custom block's options, both towers
+CUSTOM_BLOCK_REFUSED = {
     "block_type": ((None, "default"), "open_clip's CustomResidualAttentionBlock"),
     "qk_norm": ((False,), "LayerNorm on queries and keys (open_clip's custom block)"),
     "scaled_cosine_attn": ((False,), "scaled cosine attention (open_clip's custom block)"),
@@ -117,6 +115,11 @@ VISION_REFUSED = {
     "scale_attn_inner": ((False,), "a LayerNorm inside the attention (custom block)"),
     "scale_attn": ((False,), "a LayerNorm after the attention (custom block)"),
     "scale_fc": ((False,), "a LayerNorm inside the MLP (custom block)"),
+}
+VISION_REFUSED = {
+    "ls_init_value": ((None,), "LayerScale"),
+    "attentional_pool": ((False,), "CoCa's attentional pooler"),
+    **CUSTOM_BLOCK_REFUSED,
 }
 # CLIPTextCfg: open_clip's TextTransformer (an HF text tower is refused)
 TEXT_CONVERTED = {
@@ -151,13 +154,7 @@ TEXT_REFUSED = {
     "hf_model_name": ((None, ""), "a Hugging Face transformers text tower"),
     "ls_init_value": ((None,), "LayerScale"),
     "embed_cls": ((False,), "CoCa's class token appended to the text"),
-    "block_type": ((None, "default"), "open_clip's CustomResidualAttentionBlock"),
-    "qk_norm": ((False,), "LayerNorm on queries and keys (open_clip's custom block)"),
-    "scaled_cosine_attn": ((False,), "scaled cosine attention (open_clip's custom block)"),
-    "scale_heads": ((False,), "per-head attention scales (open_clip's custom block)"),
-    "scale_attn_inner": ((False,), "a LayerNorm inside the attention (custom block)"),
-    "scale_attn": ((False,), "a LayerNorm after the attention (custom block)"),
-    "scale_fc": ((False,), "a LayerNorm inside the MLP (custom block)"),
+    **CUSTOM_BLOCK_REFUSED,
 }
 # the model config's top-level keys: CLIP's keyword arguments, and the factory's custom_text /
 # multimodal_cfg
