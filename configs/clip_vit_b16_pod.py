@@ -51,8 +51,9 @@ converted directory, a trainer workdir, an open_clip hub directory or cache snap
 without its weights) makes the model exactly the source's (a CLIP or a SigLIP: then the
 SigLIP method and loss), started from its parameters (``model.init_from``), with the image
 tower locked (``mode=locked``, default: ``model.frozen = "sample_encoder"``) or everything
-trained (``mode=finetune``); the images at the model's size with the model's mean and std
-(filled at start from the source), captions at its context length with its own tokenizer (the
+trained (``mode=finetune``); the images at the model's size with the model's resize kernel,
+evaluation resize (SigLIP's ``squash``) and mean and std (filled at start from the source),
+captions at its context length with its own tokenizer (the
 source's file, or ``tokenizer=FILE``: that tokenizer's file, e.g. a SigLIP model's
 ``spiece.model``). LiT with a SigLIP image tower is then one config::
 
@@ -190,7 +191,7 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
     if mode not in ("locked", "finetune"):
         raise ConfigError(f"mode must be 'locked' (LiT: the image tower frozen) or 'finetune'; "
                           f"got {mode!r}")
-    block, spec = pretrained_config(source)
+    block, spec, pixels = pretrained_config(source)
     if block.get("name") != "dual_encoder" or block["sample_encoder"].get("name") != "vit":
         raise ConfigError(f"pretrained={source}: a dual encoder with a ViT image tower is "
                           f"needed; its model is {block.get('name')!r}")
@@ -207,9 +208,13 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
                     "init_from": {"path": source}}
     if mode == "locked":
         config.model.frozen = "sample_encoder"
+    pixels = dict(pixels or {})
     config.data.preprocess.update({
         "image_size": block["sample_encoder"]["image_size"],
         "max_tokens": block["text_encoder"]["max_tokens"], "tokenizer": spec,
+        # the source's resize kernel and evaluation resize (SigLIP: squash)
+        "resize": pixels.get("resize", "bicubic"),
+        "resize_mode": pixels.get("resize_mode", "shortest"),
         "mean": None, "std": None})  # the source's, filled at start (run/init_from.py)
     if block.get("siglip"):
         config.method = "siglip"

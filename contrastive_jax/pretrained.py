@@ -54,8 +54,6 @@ import numpy as np
 
 from contrastive_jax.errors import ConfigError
 
-RESIZE_MODES = ("shortest", "squash")
-
 
 @dataclasses.dataclass(frozen=True)
 class ImagePreprocess:
@@ -74,23 +72,19 @@ class ImagePreprocess:
     resize_mode: str = "shortest"
 
     def __post_init__(self):
-        if self.resize_mode not in RESIZE_MODES:
-            raise ConfigError(f"resize_mode {self.resize_mode!r} is not supported; supported: "
-                              f"{list(RESIZE_MODES)} (open_clip's 'longest', resize and pad, "
-                              "is not)")
-        from contrastive_jax.training.data.image_crops import check_resize
+        from contrastive_jax.training.data.image_crops import check_resize, check_resize_mode
 
+        check_resize_mode(self.resize_mode)
         check_resize(self.interpolation)
         if len(self.mean) != 3 or len(self.std) != 3:
             raise ConfigError(f"mean and std need 3 channels; got {self.mean}, {self.std}")
 
     def crop(self, image) -> np.ndarray:
         """``(image_size, image_size, 3)`` uint8 of one image (before the normalisation)."""
-        from contrastive_jax.training.data.image_crops import center_crop, squash_resize
+        from contrastive_jax.training.data.image_crops import evaluation_image
 
-        if self.resize_mode == "squash":
-            return squash_resize(image, self.image_size, resize=self.interpolation)
-        return center_crop(image, self.image_size, resize=self.interpolation)
+        return evaluation_image(image, self.image_size, resize=self.interpolation,
+                                resize_mode=self.resize_mode)
 
     def __call__(self, images: Sequence[Any]) -> np.ndarray:
         if isinstance(images, bytes | np.ndarray) and not (
@@ -196,10 +190,11 @@ def _workdir(path: str) -> PretrainedSource:
 
 
 def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None = None
-                      ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(model block, tokenizer spec or None)`` of the sources of :func:`read_source`, read
-    from their configs alone (no parameters are read): a converted directory's ``model.json``
-    and ``tokenizer.json``, a workdir's ``config.json``, an open_clip model's config (its
+                      ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+    """``(model block, tokenizer spec or None, pixel settings or None)`` of the sources of
+    :func:`read_source`, read from their configs alone (no parameters are read): a converted
+    directory's ``model.json``, ``tokenizer.json`` and ``preprocess.json``, a workdir's
+    ``config.json``, an open_clip model's config and ``preprocess_cfg`` (its
     ``init_temperature`` / ``init_bias`` are the config's initial values, not the
     checkpoint's). For a config whose model starts from the source (``model.init_from``)."""
     import json
@@ -211,15 +206,19 @@ def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None
         )
 
         with open(os.path.join(path, "model.json")) as f:
-            return json.load(f), converted_extras(path)[1]
+            block = json.load(f)
+        preprocess, tokenizer = converted_extras(path)
+        return block, tokenizer, preprocess
     if os.path.isdir(os.path.join(path, "checkpoints")) and \
             os.path.isfile(os.path.join(path, "config.json")):
         from contrastive_jax.training.run.workdir.config_record import upgrade
 
         with open(os.path.join(path, "config.json")) as f:
             config = upgrade(json.load(f))
-        return dict(config.get("model", {})), \
-            dict(config.get("data", {}).get("preprocess", {}).get("tokenizer") or {}) or None
+        pre = dict(config.get("data", {}).get("preprocess", {}))
+        return (dict(config.get("model", {})), dict(pre.get("tokenizer") or {}) or None,
+                {k: pre[k] for k in ("mean", "std", "resize", "resize_mode", "image_size")
+                 if pre.get(k) is not None} or None)
     from contrastive_jax.training.models.converters import open_clip_config
     from contrastive_jax.training.models.converters.clip_import import tokenizer_spec
 
@@ -228,8 +227,9 @@ def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None
         raise ConfigError(f"{path}: no open_clip config (open_clip_config.json) to read the "
                           "model from; convert it with clip_import and its config first")
     block = open_clip_config.model_block(source.model_cfg, timm_args=source.timm_args)
-    return block.model, tokenizer_spec(block.tokenizer, source.directory,
-                                       source.model_cfg.get("text_cfg"))
+    return (block.model, tokenizer_spec(block.tokenizer, source.directory,
+                                        source.model_cfg.get("text_cfg")),
+            open_clip_config.preprocess(source, block.model["sample_encoder"]["image_size"]))
 
 
 def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32"):

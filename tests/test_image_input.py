@@ -364,6 +364,26 @@ def test_evaluation_pixels_and_features_equal_open_clips():
     assert np.abs(other.astype(np.int32) - crops).max() >= 4
 
 
+def test_squash_evaluation_pixels_equal_open_clips_siglip_transform():
+    """``data.preprocess.resize_mode = "squash"``: the evaluation preprocessing of the same
+    encoded images equals open_clip's SigLIP evaluation transform (the whole image to 16 x 16,
+    bicubic; mean = std = 0.5 on the device; tests/fixtures/make_open_clip_preprocess_fixture.py);
+    an unknown mode names the valid ones."""
+    fixture = np.load(Path(__file__).parent / "fixtures" / "open_clip_preprocess.npz")
+    squashed = np.load(Path(__file__).parent / "fixtures" / "open_clip_squash_preprocess.npz")
+    encoded, offsets = fixture["encoded"].tobytes(), fixture["offsets"]
+    files = [encoded[a:b] for a, b in itertools.pairwise(offsets)]
+    evaluate = image_text_preprocess(image_size=16, max_tokens=4, resize="bicubic",
+                                     resize_mode="squash")
+    crops = np.stack([evaluate({"image": f, "captions": {"text": ["a"]}})["image"]
+                      for f in files])
+    pixels = np.asarray(model_input(jnp.asarray(crops), ((0.5,) * 3, (0.5,) * 3)))
+    np.testing.assert_allclose(pixels, squashed["pixels"], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ConfigError, match=r"resize_mode 'longest'; valid: \['shortest', "
+                                          r"'squash'\]"):
+        image_text_preprocess(image_size=16, max_tokens=4, resize_mode="longest")
+
+
 def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(tmp_path):
     from test_train import load_config
 

@@ -171,6 +171,8 @@ def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
     assert config.method == "siglip" and config.model.frozen == "sample_encoder"
     assert config.data.preprocess.tokenizer.kind == "sentencepiece_open_clip"
     assert (config.data.preprocess.image_size, config.data.preprocess.max_tokens) == (16, 10)
+    assert (config.data.preprocess.resize, config.data.preprocess.resize_mode) == ("bicubic",
+                                                                                    "squash")
     config.data.data_dir = data_dir
     results = train.train_and_evaluate(config, str(tmp_path / "run"))
     assert results["steps"] == 1 and np.isfinite(results["final_train_metrics"]["loss"])

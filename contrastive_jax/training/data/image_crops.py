@@ -125,6 +125,29 @@ def center_crop(image, size: int, *, resize: str = "bicubic",
     return np.asarray(resized.crop((left, top, left + size, top + size)).convert("RGB"))
 
 
+RESIZE_MODES = ("shortest", "squash")
+"""open_clip's evaluation resize modes this project computes: :func:`center_crop` and
+:func:`squash_resize` (open_clip's ``"longest"``, resize and pad, is not one)."""
+
+
+def check_resize_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`RESIZE_MODES`, else a ConfigError listing them."""
+    if mode not in RESIZE_MODES:
+        raise ConfigError(f"unknown data.preprocess.resize_mode {mode!r}; valid: "
+                          f"{list(RESIZE_MODES)} (open_clip's 'longest', resize and pad, is "
+                          "not computed)")
+    return mode
+
+
+def evaluation_image(image, size: int, *, resize: str = "bicubic", resize_mode: str = "shortest",
+                     reduced_decode: bool = False) -> np.ndarray:
+    """``(size, size, 3)`` uint8 of open_clip's evaluation transform with ``resize_mode``:
+    :func:`center_crop` (``"shortest"``) or :func:`squash_resize` (``"squash"``)."""
+    if check_resize_mode(resize_mode) == "squash":
+        return squash_resize(image, size, resize=resize)
+    return center_crop(image, size, resize=resize, reduced_decode=reduced_decode)
+
+
 def squash_resize(image, size: int, *, resize: str = "bicubic") -> np.ndarray:
     """``(size, size, 3)`` uint8: the whole image resized to ``size x size`` (``resize``), as
     torchvision's ``Resize((size, size))`` on a PIL image (open_clip's SigLIP evaluation

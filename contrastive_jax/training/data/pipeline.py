@@ -136,7 +136,8 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                           image_size: int = 224, max_tokens: int = 32,
                           vocabulary: str = "", tokenizer: Mapping[str, str] | None = None,
                           vocab_size: int | None = None, resize: str = "bicubic",
-                          crop: str = "center", crop_scale: Sequence[float] = (0.9, 1.0),
+                          resize_mode: str = "shortest", crop: str = "center",
+                          crop_scale: Sequence[float] = (0.9, 1.0),
                           crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
                           reduced_decode: bool = True, training: bool = False,
                           seed: int = 0) -> Callable[..., Example]:
@@ -148,7 +149,9 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     ``crop="random"``, a random resized crop (area fraction in ``crop_scale``, aspect ratio in
     ``crop_ratio``; the box drawn from ``(seed, position)``, the example's place in the global
     stream, so a resumed run, any process count and any worker count crop alike); otherwise
-    the centre crop of the image resized to ``image_size`` on its shorter side. ``resize``:
+    open_clip's evaluation transform of ``resize_mode``: ``"shortest"`` (default: the centre
+    crop of the image resized to ``image_size`` on its shorter side; CLIP's) or ``"squash"``
+    (the whole image resized to ``image_size`` x ``image_size``; SigLIP's). ``resize``:
     ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``. ``reduced_decode``: in training, decode
     JPEGs at the smallest DCT-reduced size that keeps the crop's resolution (evaluation always
     decodes in full, so that its pixels are open_clip's evaluation transform's). The device
@@ -172,6 +175,7 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                           "vocabulary, the same as tokenizer = {'kind': 'words', 'path': ...}), "
                           "not both")
     image_crops.check_resize(resize)
+    image_crops.check_resize_mode(resize_mode)
     if crop not in ("center", "random"):
         raise ConfigError(f"data.preprocess.crop must be 'center' or 'random'; got {crop!r}")
     scale = image_crops.check_range(crop_scale, "crop_scale", 0.0)
@@ -193,8 +197,9 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                 example[image_key], image_size, rng, scale=scale, ratio=ratio, resize=resize,
                 reduced_decode=reduced_decode)
         else:  # evaluation decodes in full: open_clip's evaluation pixels exactly
-            image = image_crops.center_crop(example[image_key], image_size, resize=resize,
-                                            reduced_decode=reduced_decode and training)
+            image = image_crops.evaluation_image(
+                example[image_key], image_size, resize=resize, resize_mode=resize_mode,
+                reduced_decode=reduced_decode and training)
         text = example
         for key in path:
             if not isinstance(text, Mapping) or key not in text:

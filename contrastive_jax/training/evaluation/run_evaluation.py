@@ -38,7 +38,7 @@ from contrastive_jax.training.augmentations.pixels import (
     unit_range,
 )
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data.image_crops import center_crop
+from contrastive_jax.training.data.image_crops import evaluation_image
 from contrastive_jax.training.data.pipeline import standard_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
@@ -199,13 +199,15 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
                       label_key: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Sample-tower embeddings ``(n, d)`` and labels ``(n,)`` of every example of ``source``
     (one padded pass, every process's rows gathered). Inputs as in evaluation: with the
-    ``image_text`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) is centre-cropped
-    to ``data.preprocess.image_size`` uint8 with its ``resize`` (decoded in full), and
+    ``image_text`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) becomes
+    ``data.preprocess.image_size`` uint8 by its ``resize`` and ``resize_mode`` (centre crop or
+    squash, decoded in full), and
     normalised on the device (``data.preprocess.mean`` / ``std``); otherwise the standard
     preprocessing (uint8 images to [0, 1])."""
     pre = config.data.get("preprocess", {})
     size = pre.get("image_size", 224) if pre.get("name", "standard") == "image_text" else None
-    crop = functools.partial(center_crop, size=size, resize=pre.get("resize", "bicubic"),
+    crop = functools.partial(evaluation_image, size=size, resize=pre.get("resize", "bicubic"),
+                             resize_mode=pre.get("resize_mode", "shortest"),
                              reduced_decode=False)  # in full, as open_clip's evaluation
     standard = standard_preprocess((input_key, label_key))
     label_of = standard_preprocess((label_key,))
