@@ -40,7 +40,9 @@ The three are what zero-shot classification and retrieval need:
 :func:`contrastive_jax.training.evaluation.zero_shot.zero_shot_weights` of the prompts'
 embeddings and :func:`contrastive_jax.training.evaluation.retrieval.retrieval_recall` of the
 two towers' embeddings (docs/pretrained.md, "One call to a ready model"). A training run
-starts from the same sources with ``config.model.init_from = {"path": path_or_name}``.
+starts from the same sources with ``config.model.init_from = {"path": path_or_name}``, and
+:func:`evaluate_pretrained` runs the trainer's evaluation (retrieval, zero-shot with class
+names) on such a config before any training.
 """
 
 from __future__ import annotations
@@ -314,6 +316,42 @@ def _tokenizer(source: PretrainedSource, choice) -> TextTokenizer | None:
     return TextTokenizer(loaded, int(text["max_tokens"]))
 
 
+def evaluate_pretrained(config) -> dict[str, Any]:
+    """The trainer's evaluation (:func:`contrastive_jax.training.evaluation.run_evaluation.
+    evaluate`) of a pretrained model, before any training: ``config`` is a training config
+    whose ``model.init_from`` names the whole model's source (a converted directory, a
+    workdir, an open_clip model; e.g. the pod template's ``pretrained=SOURCE``). The model is
+    built and loaded exactly as a run starting from it (``create_state``, ``init_from``,
+    the data's mean and std from the source when the config sets none), placed on the mesh
+    of ``config.mesh``, and evaluated on ``data.eval_split``: retrieval Recall@1/5/10 both ways,
+    alignment, uniformity, and zero-shot top-1/top-5 with ``evaluation.zero_shot`` class
+    names and templates (docs/pretrained.md). Returns the evaluation's results."""
+    import jax
+
+    from contrastive_jax.mesh import make_mesh
+    from contrastive_jax.training.evaluation.run_evaluation import evaluate
+    from contrastive_jax.training.methods import method_for
+    from contrastive_jax.training.run import init_from
+    from contrastive_jax.training.step.state_sharding import state_shardings
+    from contrastive_jax.training.step.train_state import create_state
+
+    specs = init_from.init_specs(config.model.get("init_from", ""))
+    if len(specs) != 1 or specs[0].source or specs[0].target:
+        raise ConfigError("evaluate_pretrained needs model.init_from = {'path': SOURCE}: one "
+                          f"source for the whole model; got {config.model.get('init_from')!r}")
+    config, lines = init_from.pretrained_preprocess(config)
+    for line in lines:
+        print(line, flush=True)
+    method = method_for(config)
+    graphdef, state, _ = create_state(config, 1, method)
+    state, lines = init_from.initialize(state, graphdef, config, method)
+    for line in lines:
+        print(line, flush=True)
+    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
+    return evaluate(graphdef, state, config, mesh)
+
+
 PROMPT_CHUNK = 256  # prompts per text-tower call
 
 
@@ -349,4 +387,5 @@ def zero_shot_classifier(model, tokenizer: TextTokenizer, class_names: Sequence[
 
 
 __all__ = ["ImagePreprocess", "PretrainedSource", "TextTokenizer", "build_pretrained_model",
-           "load_pretrained", "pretrained_config", "read_source", "zero_shot_classifier"]
+           "evaluate_pretrained", "load_pretrained", "pretrained_config", "read_source",
+           "zero_shot_classifier"]

@@ -144,20 +144,14 @@ def test_pod_template_start_errors(mock_coco, tmp_path):
         train.train_and_evaluate(config, str(tmp_path / "c"))
 
 
-def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
-    """``pretrained=DIR`` (a converted open_clip SigLIP: the timm map-head trunk of
-    tests/fixtures/open_clip_tiny_siglip, its text tower widened to the 2,000-piece SigLIP
-    tokenizer fixture, which the directory carries): the source's model block and tokenizer,
-    SigLIP's method, mean and std from the directory; one step on 8 devices (the ring loss)
-    leaves the locked image tower bit-identical to the converted one and moves the text tower."""
-    import json
-
-    from test_load_pretrained import FIXTURES, siglip_hub_directory
+def converted_siglip(tmp_path):
+    """A converted open_clip SigLIP (the timm map-head trunk of
+    tests/fixtures/open_clip_tiny_siglip) with its text tower widened to the 2,000-piece SigLIP
+    tokenizer fixture, which the directory carries."""
+    from test_load_pretrained import siglip_hub_directory
 
     from contrastive_jax.training.models.converters import clip_import, converted_directory
-    from contrastive_jax.training.run.init_from import read
 
-    data_dir, _ = mock_coco
     converted = clip_import.convert_open_clip(siglip_hub_directory(tmp_path))
     block = {**converted.model, "text_encoder": {**converted.model["text_encoder"],
                                                  "vocab_size": 2000}}
@@ -167,6 +161,23 @@ def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
     source = tmp_path / "siglip"
     converted_directory.save_converted(source, block, params, preprocess=converted.preprocess,
                                        tokenizer=converted.tokenizer)
+    return source
+
+
+def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
+    """``pretrained=DIR`` (a converted open_clip SigLIP: the timm map-head trunk of
+    tests/fixtures/open_clip_tiny_siglip, its text tower widened to the 2,000-piece SigLIP
+    tokenizer fixture, which the directory carries): the source's model block and tokenizer,
+    SigLIP's method, mean and std from the directory; one step on 8 devices (the ring loss)
+    leaves the locked image tower bit-identical to the converted one and moves the text tower."""
+    import json
+
+    from test_load_pretrained import FIXTURES
+
+    from contrastive_jax.training.run.init_from import read
+
+    data_dir, _ = mock_coco
+    source = converted_siglip(tmp_path)
     config = load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source}")
     assert config.method == "siglip" and config.model.frozen == "sample_encoder"
     assert config.data.preprocess.tokenizer.kind == "sentencepiece_open_clip"
@@ -187,3 +198,31 @@ def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
         (source / "tokenizer" / "spiece.model").read_bytes()
     with pytest.raises(ConfigError, match="mode must be 'locked'"):
         load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source},mode=scratch")
+
+
+def test_a_pretrained_model_is_evaluated_as_load_pretrained_computes_it(mock_coco, tmp_path):
+    """evaluate_pretrained (the trainer's evaluation, before any step) of the converted SigLIP
+    on mock COCO's val split: retrieval Recall@k and alignment equal those of
+    load_pretrained's model, preprocessing (squash) and tokenizer applied to the split's
+    encoded images and first captions by hand."""
+    from contrastive_jax.pretrained import evaluate_pretrained, load_pretrained
+    from contrastive_jax.training.data.sources import open_split
+    from contrastive_jax.training.evaluation import alignment, retrieval_recall
+
+    data_dir, _ = mock_coco
+    source = converted_siglip(tmp_path)
+    config = load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source}")
+    config.data.data_dir = data_dir
+    config.model.dtype = "float32"
+    results = evaluate_pretrained(config)
+    model, preprocess, tokenizer = load_pretrained(source)
+    val = open_split("coco_captions", "val", data_dir)
+    examples = [val[i] for i in range(len(val))]
+    x = model.embed_samples(preprocess([e["image"] for e in examples]))
+    y = model.embed_texts(tokenizer([e["captions"]["text"][0] for e in examples]))
+    want = retrieval_recall(np.asarray(x), np.asarray(y))
+    assert len(examples) == 16 and want
+    for key, value in want.items():
+        assert results[key] == pytest.approx(value), key
+    assert results["alignment"] == pytest.approx(alignment(np.asarray(x), np.asarray(y)),
+                                                 rel=1e-5)
