@@ -282,3 +282,28 @@ def test_the_converter_copies_the_tokenizer_into_the_directory(tmp_path, capsys)
                              "--vision_heads=2", "--text_heads=2", f"--tokenizer={merges}"]) == 0
     assert json.loads((tmp_path / "b" / "tokenizer.json").read_text()) == {
         "kind": "clip_bpe", "path": f"tokenizer/{merges.name}"}
+
+
+def test_pretrained_config_reads_the_model_without_its_weights(tmp_path):
+    """pretrained_config of a SigLIP hub directory: the converted model's block (but for the
+    logit scale and bias, which only the weights hold), its tokenizer spec and SigLIP's pixels,
+    with the weight file removed; of a converted directory: its files as written."""
+    from contrastive_jax.pretrained import pretrained_config, read_source
+
+    hub = siglip_hub_directory(tmp_path)
+    converted = read_source(hub)
+    (hub / "open_clip_model.safetensors").unlink()
+    block, tokenizer, pixels = pretrained_config(hub)
+    initial = ("init_temperature", "init_bias")
+    assert {k: v for k, v in block.items() if k not in initial} == \
+        {k: v for k, v in converted.model.items() if k not in initial}
+    assert block["init_bias"] == -10 and converted.model["init_bias"] != -10
+    assert tokenizer == converted.tokenizer
+    assert pixels == {"mean": [0.5] * 3, "std": [0.5] * 3, "resize": "bicubic",
+                      "resize_mode": "squash", "image_size": 16}
+    out = tmp_path / "converted"
+    converted_directory.save_converted(out, converted.model, converted.params,
+                                       preprocess=pixels, tokenizer=converted.tokenizer)
+    block, tokenizer, stored = pretrained_config(out)
+    assert block == converted.model and stored == pixels
+    assert tokenizer == {**converted.tokenizer, "path": str(out / "tokenizer" / "spiece.model")}
