@@ -273,7 +273,7 @@ def test_a_run_from_a_converted_clip_takes_its_mean_and_std(tmp_path):
     from test_train import load_config
 
     from contrastive_jax.training.models.converters import clip_import
-    from contrastive_jax.training.run.init_from import pretrained_preprocess
+    from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
 
     assert clip_import.OPENAI_MEAN == CLIP_MEAN and clip_import.OPENAI_STD == CLIP_STD
     converted = tmp_path / "clip"
@@ -387,7 +387,7 @@ def test_squash_evaluation_pixels_equal_open_clips_siglip_transform():
 def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(tmp_path):
     from test_train import load_config
 
-    from contrastive_jax.training.run.init_from import pretrained_preprocess
+    from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
     from contrastive_jax.training.run.workdir.config_record import plain
 
     config = load_config("clip_vit_b16_pod.py:tiny")

@@ -56,7 +56,7 @@ from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.run_evaluation import evaluate
 from contrastive_jax.training.methods import Method, method_for
-from contrastive_jax.training.run import checkpoints, init_from, profiling
+from contrastive_jax.training.run import checkpoints, init_from, pretrained_pixels, profiling
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import (
     MetricWindow,
@@ -167,7 +167,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     (:mod:`~contrastive_jax.training.run.workdir.config_record`).
     """
     method = method_for(config)  # bad method or loss settings fail before any work
-    config, lines = init_from.pretrained_preprocess(  # a converted CLIP's mean / std
+    config, lines = pretrained_pixels.pretrained_preprocess(  # a converted CLIP's mean / std
         config, recorded_config(workdir))
     for line in lines:
         print(line, flush=True)

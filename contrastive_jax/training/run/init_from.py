@@ -123,7 +123,7 @@ def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
     checkpoint of that step (default: the newest usable one)."""
     root = epath.Path(path)
     if (root / "model.json").exists() and (root / "params").exists():
-        model = _json(root / "model.json")
+        model = json_file(root / "model.json")
         params = _flat(_restore(root / "params"), drop_value=False)
         return Pretrained("converted", str(root), model, params, {})
     checkpoints = root / "checkpoints"
@@ -141,7 +141,7 @@ def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
             "params/) nor a trainer workdir with checkpoints (checkpoints/<step>/); run the "
             "pretraining first or fix the path")
     config = root / "config.json"
-    model = upgrade(_json(config)).get("model", {}) if config.exists() else {}
+    model = upgrade(json_file(config)).get("model", {}) if config.exists() else {}
     skipped = []
     for step in reversed(steps):  # the newest usable one, as a resume falls back (the other
         # run's files are only read: a damaged checkpoint stays where it is)
@@ -182,7 +182,8 @@ def _open_clip(path: str | os.PathLike) -> Pretrained:
                       _flat(converted.params, drop_value=False), {})
 
 
-def _json(path: epath.Path) -> dict:
+def json_file(path: epath.Path) -> dict:
+    """A JSON file of a pretrained source; invalid JSON is a :class:`ConfigError` naming it."""
     try:
         return json.loads(path.read_text())
     except ValueError as err:
@@ -353,76 +354,3 @@ def initialize(state, graphdef, config, method) -> tuple[Any, list[str]]:
     model = nnx.merge(graphdef, params, rest, copy=True)
     extra = method.init_extra(model, params, rest, config)
     return state.replace(params=params, rest=rest, extra=extra), messages
-
-
-PREPROCESS_FILE = "preprocess.json"  # converters' pixel settings (converted_directory.py)
-PIXEL_FIELDS = ("mean", "std")
-
-
-def pretrained_preprocess(config, recorded: Mapping[str, Any] | None = None
-                          ) -> tuple[Any, list[str]]:
-    """``(config, messages)``: ``data.preprocess.mean`` / ``std`` filled from the first
-    ``model.init_from`` path that is a converted checkpoint with a ``preprocess.json`` (CLIP's
-    values for a converted CLIP), where the config is an ``image_text`` one and sets neither; a
-    copy of ``config`` if it changes. ``recorded``: the workdir's ``config.json`` (a run that
-    resumes): with the same ``init_from``, its values are taken and ``path`` is not read, as a
-    resumed run reads nothing from it. A config that sets other values than the checkpoint's
-    keeps them, with a warning."""
-    preprocess = config.get("data", {}).get("preprocess", {})
-    if preprocess.get("name", "standard") != "image_text":
-        return config, []
-    given = {k: preprocess.get(k) for k in PIXEL_FIELDS if preprocess.get(k) is not None}
-    specs = init_specs(config.model.get("init_from", ""))
-    before = dict(recorded or {})
-    before_pre = dict(dict(before.get("data") or {}).get("preprocess") or {})
-    if (specs and not given and all(before_pre.get(k) is not None for k in PIXEL_FIELDS)
-            and init_specs(dict(before.get("model") or {}).get("init_from", "")) == specs):
-        stored = {k: before_pre[k] for k in PIXEL_FIELDS}
-        return _with_pixels(config, stored), [
-            f"data.preprocess.mean / std as recorded in the run's config.json: mean "
-            f"{stored['mean']}, std {stored['std']}"]
-    for spec in specs:
-        path = epath.Path(spec.path) / PREPROCESS_FILE
-        if (epath.Path(spec.path) / "model.json").exists():
-            if not path.exists():
-                continue
-            stored = {k: v for k, v in _json(path).items() if k in PIXEL_FIELDS}
-        else:
-            stored = _open_clip_pixels(spec.path)
-            if stored is None:
-                continue
-            path = f"{spec.path}'s open_clip preprocess_cfg"
-        if given:
-            same = all(np.allclose(given.get(k, np.nan), stored.get(k, np.nan))
-                       for k in PIXEL_FIELDS)
-            return config, [] if same else [
-                f"warning: data.preprocess mean/std {given} differ from those the converted "
-                f"checkpoint expects ({path}: {stored}); keeping the config's"]
-        return _with_pixels(config, stored), [
-            f"data.preprocess.mean / std from {path} (the pixels the converted model "
-            f"expects): mean {stored.get('mean')}, std {stored.get('std')}"]
-    return config, []
-
-
-def _open_clip_pixels(path: str) -> dict[str, Any] | None:
-    """``{"mean", "std"}`` of an open_clip model's ``preprocess_cfg`` (a hub directory, a cache
-    snapshot, a recorded name; the weights are not read), None for a path of another kind."""
-    from contrastive_jax.training.models.converters import open_clip_config
-
-    root = epath.Path(path)
-    if (root / "checkpoints").exists() or str(path).startswith("gs://"):
-        return None
-    try:
-        source = open_clip_config.resolve(path)
-    except ConfigError:
-        return None
-    if source.model_cfg is None:
-        return None
-    pixels = open_clip_config.preprocess(source, 0)
-    return {k: pixels[k] for k in PIXEL_FIELDS}
-
-
-def _with_pixels(config, pixels: Mapping[str, Any]):
-    config = config.copy_and_resolve_references()
-    config.data.preprocess.update(dict(pixels))
-    return config
