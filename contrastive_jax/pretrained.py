@@ -161,6 +161,7 @@ def _workdir(path: str) -> PretrainedSource:
     """A trainer workdir's latest usable parameters and its config's pixels and tokenizer."""
     import json
 
+    from contrastive_jax.training.models.converters.open_clip_export import nested
     from contrastive_jax.training.run.init_from import read
     from contrastive_jax.training.run.workdir.config_record import upgrade
 
@@ -171,13 +172,7 @@ def _workdir(path: str) -> PretrainedSource:
     if model.get("name") != "dual_encoder":
         raise ConfigError(f"{path} is a workdir of a {model.get('name')!r} model; "
                           "load_pretrained gives dual encoders (image and text towers)")
-    params: dict = {}
-    for name, value in stored.params.items():
-        node = params
-        keys = [int(k) if k.isdigit() else k for k in name.split("/")]
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
+    params = nested(stored.params)
     pre = dict(config.get("data", {}).get("preprocess", {}))
     preprocess = None
     if pre.get("name") == "image_text":
@@ -221,17 +216,16 @@ def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None
         return (dict(config.get("model", {})), dict(pre.get("tokenizer") or {}) or None,
                 {k: pre[k] for k in ("mean", "std", "resize", "resize_mode", "image_size")
                  if pre.get(k) is not None} or None)
-    from contrastive_jax.training.models.converters import open_clip_config
-    from contrastive_jax.training.models.converters.clip_import import tokenizer_spec
+    from contrastive_jax.training.models.converters import open_clip_config, open_clip_sources
 
-    source = open_clip_config.resolve(path, pretrained=pretrained)
+    source = open_clip_sources.resolve(path, pretrained=pretrained)
     if source.model_cfg is None:
         raise ConfigError(f"{path}: no open_clip config (open_clip_config.json) to read the "
                           "model from; convert it with clip_import and its config first")
     block = open_clip_config.model_block(source.model_cfg, timm_args=source.timm_args)
-    return (block.model, tokenizer_spec(block.tokenizer, source.directory,
-                                        source.model_cfg.get("text_cfg")),
-            open_clip_config.preprocess(source, block.model["sample_encoder"]["image_size"]))
+    return (block.model, open_clip_sources.tokenizer_spec(block.tokenizer, source.directory,
+                                                          source.model_cfg.get("text_cfg")),
+            open_clip_sources.preprocess(source, block.model["sample_encoder"]["image_size"]))
 
 
 def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32"):
@@ -321,34 +315,46 @@ def evaluate_pretrained(config) -> dict[str, Any]:
     evaluate`) of a pretrained model, before any training: ``config`` is a training config
     whose ``model.init_from`` names the whole model's source (a converted directory, a
     workdir, an open_clip model; e.g. the pod template's ``pretrained=SOURCE``). The model is
-    built and loaded exactly as a run starting from it (``create_state``, ``init_from``,
-    the data's mean and std from the source when the config sets none), placed on the mesh
+    built and loaded as a run starting from it (``build_model``, ``init_from``, the data's
+    mean and std from the source when the config sets none; no optimiser state), placed on the
+    mesh
     of ``config.mesh``, and evaluated on ``data.eval_split``: retrieval Recall@1/5/10 both ways,
     alignment, uniformity, and zero-shot top-1/top-5 with ``evaluation.zero_shot`` class
     names and templates (docs/pretrained.md). Returns the evaluation's results."""
+    import types
+
     import jax
+    from flax import nnx
 
     from contrastive_jax.mesh import make_mesh
     from contrastive_jax.training.evaluation.run_evaluation import evaluate
-    from contrastive_jax.training.methods import method_for
-    from contrastive_jax.training.run import init_from
+    from contrastive_jax.training.models import build_model
+    from contrastive_jax.training.run import init_from, pretrained_pixels
     from contrastive_jax.training.step.state_sharding import state_shardings
-    from contrastive_jax.training.step.train_state import create_state
+    from contrastive_jax.training.step.train_state import TRAINING_SETTINGS
 
     specs = init_from.init_specs(config.model.get("init_from", ""))
     if len(specs) != 1 or specs[0].source or specs[0].target:
         raise ConfigError("evaluate_pretrained needs model.init_from = {'path': SOURCE}: one "
                           f"source for the whole model; got {config.model.get('init_from')!r}")
-    config, lines = init_from.pretrained_preprocess(config)
+    config, lines = pretrained_pixels.pretrained_preprocess(config)
     for line in lines:
         print(line, flush=True)
-    method = method_for(config)
-    graphdef, state, _ = create_state(config, 1, method)
-    state, lines = init_from.initialize(state, graphdef, config, method)
+    # the model and its parameters as a run starting from the source has them (no optimiser
+    # state: only the parameters and the rest are evaluated)
+    block = {k: v for k, v in dict(config.model).items() if k not in TRAINING_SETTINGS}
+    graphdef, params, rest = nnx.split(build_model(block, nnx.Rngs(config.seed)), nnx.Param,
+                                       ...)
+    params, rest, lines = init_from.load_into(params, rest, config.model,
+                                              config.model.init_from)
     for line in lines:
         print(line, flush=True)
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
-    state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
+    state = types.SimpleNamespace(params=params, rest=rest)
+    shardings = state_shardings(config.get("sharding"), mesh,
+                                {"params": params, "rest": rest})
+    state.params = jax.device_put(params, shardings["params"])
+    state.rest = jax.device_put(rest, shardings["rest"])
     return evaluate(graphdef, state, config, mesh)
 
 

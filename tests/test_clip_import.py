@@ -25,14 +25,18 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.models.converters import clip_import, converted_directory
+from contrastive_jax.training.models.converters import (
+    clip_import,
+    clip_state_dict,
+    converted_directory,
+)
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 QUICK = FIXTURES / "open_clip_tiny_quickgelu.safetensors"
 EXACT = FIXTURES / "open_clip_tiny_gelu.safetensors"
 HEADS = {"vision_heads": 2, "text_heads": 2}  # the fixtures' heads (width 32, not width / 64)
 pytestmark = pytest.mark.filterwarnings(
-    "ignore::contrastive_jax.training.models.converters.clip_import.AssumptionWarning")
+    "ignore::contrastive_jax.training.models.converters.clip_state_dict.AssumptionWarning")
 
 
 def rel_error(ours, reference) -> float:
@@ -160,7 +164,8 @@ def test_float64_equals_numpy_transcription_of_clip(path, quick_gelu):
     tensors = clip_import.load_state_dict(path)
     reference = np.load(path.with_suffix(".npz"))
     with jax.enable_x64(True):
-        config, params = clip_import.convert_state_dict(tensors, quick_gelu=quick_gelu, **HEADS)
+        config, params = clip_state_dict.convert_state_dict(tensors, quick_gelu=quick_gelu,
+                                                            **HEADS)
         model = model_with(config, jax.tree.map(lambda a: np.asarray(a, np.float64), params))
         images = reference["images"].astype(np.float64)
         x, y, _ = jitted_outputs(model, jnp.asarray(images), jnp.asarray(reference["texts"]))
@@ -264,8 +269,8 @@ def test_command_line(tmp_path, capsys):
 def test_quick_gelu_must_be_told_when_the_file_does_not_say():
     with pytest.raises(ConfigError, match="quick_gelu=True"):
         clip_import.convert(EXACT, **HEADS)
-    assert clip_import._quick_gelu_from_name("ViT-B-32-quickgelu.safetensors") is True
-    assert clip_import._quick_gelu_from_name("openai_vit_b32.safetensors") is True
+    assert clip_state_dict._quick_gelu_from_name("ViT-B-32-quickgelu.safetensors") is True
+    assert clip_state_dict._quick_gelu_from_name("openai_vit_b32.safetensors") is True
 
 
 @pytest.mark.parametrize("edit,named", [
@@ -288,13 +293,13 @@ def test_mismatching_checkpoint_names_the_tensor(edit, named):
     tensors = clip_import.load_state_dict(QUICK)
     edit(tensors)
     with pytest.raises(ConfigError, match=named.replace("(64, 32)", "\\(64, 32\\)")):
-        clip_import.convert_state_dict(tensors, quick_gelu=True, **HEADS)
+        clip_state_dict.convert_state_dict(tensors, quick_gelu=True, **HEADS)
 
 
 def test_heads_default_to_width_over_64_and_must_divide_the_width():
     tensors = clip_import.load_state_dict(QUICK)  # width 32: 32 // 64 = 0 heads
     with pytest.raises(ConfigError, match=r"vision heads = 0 .* set --vision_heads"):
-        clip_import.architecture(tensors, quick_gelu=True, text_heads=2)
+        clip_state_dict.architecture(tensors, quick_gelu=True, text_heads=2)
     wide = {"visual.conv1.weight": np.zeros((128, 3, 4, 4)), "visual.ln_pre.weight": np.ones(128),
             "visual.positional_embedding": np.zeros((17, 128)),
             "visual.transformer.resblocks.0.mlp.c_fc.weight": np.zeros((500, 128)),
@@ -302,12 +307,12 @@ def test_heads_default_to_width_over_64_and_must_divide_the_width():
             "positional_embedding": np.zeros((16, 192)),
             "transformer.resblocks.0.mlp.c_fc.weight": np.zeros((768, 192)),
             "text_projection": np.zeros((192, 24)), "logit_scale": np.zeros(())}
-    config = clip_import.architecture(wide, quick_gelu=False)
+    config = clip_state_dict.architecture(wide, quick_gelu=False)
     assert config["sample_encoder"]["heads"] == 2 and config["text_encoder"]["heads"] == 3
     assert config["sample_encoder"]["mlp_width"] == 500  # not 4 x 128
     assert "mlp_width" not in config["text_encoder"]  # 4 x 192
     with pytest.raises(ConfigError, match="vision heads = 3 must be a positive divisor"):
-        clip_import.architecture(wide, quick_gelu=False, vision_heads=3)
+        clip_state_dict.architecture(wide, quick_gelu=False, vision_heads=3)
 
 
 def test_torch_files_need_torch(tmp_path, monkeypatch):
@@ -429,7 +434,7 @@ def test_non_finite_pixels_give_non_finite_embeddings():
 
 
 def test_bare_conversion_states_its_assumptions():
-    with pytest.warns(clip_import.AssumptionWarning) as caught:
+    with pytest.warns(clip_state_dict.AssumptionWarning) as caught:
         clip_import.convert(EXACT, quick_gelu=False, **HEADS)
     (message,) = [str(w.message) for w in caught]
     assert message == (
@@ -438,7 +443,7 @@ def test_bare_conversion_states_its_assumptions():
         "the class token after ln_post (not pool_type 'avg' / final_ln_after_pool); a causal "
         "text mask with argmax pooling (not pool_type 'eos', 'last' or no_causal_mask); "
         "activation gelu (as given: --quick_gelu / quick_gelu=). A wrong assumption gives wrong "
-        "outputs, not an error: " + clip_import.CONFIG_HINT)
+        "outputs, not an error: " + clip_state_dict.CONFIG_HINT)
 
 
 @pytest.mark.parametrize("extra,named", [

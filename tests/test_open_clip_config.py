@@ -22,13 +22,21 @@ import warnings
 
 import jax.numpy as jnp
 import numpy as np
+import open_clip_models_page as models_page
 import pytest
 from flax import nnx
 from test_clip_import import model_with, rel_error
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import clip_import, open_clip_tensors
+from contrastive_jax.training.models.converters import (
+    clip_import,
+    clip_state_dict,
+    open_clip_tensors,
+    state_dict_files,
+)
 from contrastive_jax.training.models.converters import open_clip_config as occ
+from contrastive_jax.training.models.converters import open_clip_options as options
+from contrastive_jax.training.models.converters import open_clip_sources as sources
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 OPTIONS = FIXTURES / "open_clip_options"
@@ -68,14 +76,14 @@ def tiny_cfg(**top):
 def test_every_open_clip_option_is_converted_accepted_or_refused():
     """Each field of open_clip 3.3.0's CLIPVisionCfg / CLIPTextCfg and each top-level key is in
     exactly one of the three tables, and the tables name nothing open_clip lacks."""
-    fields = occ.recorded()["fields"]
-    assert occ.recorded()["open_clip_version"] == "3.3.0"
-    for key, tables in (("vision_cfg", (occ.VISION_CONVERTED, occ.VISION_NO_EFFECT,
-                                        occ.VISION_REFUSED)),
-                        ("text_cfg", (occ.TEXT_CONVERTED, occ.TEXT_NO_EFFECT,
-                                      occ.TEXT_REFUSED)),
-                        ("model", (occ.MODEL_CONVERTED, occ.MODEL_NO_EFFECT,
-                                   occ.MODEL_REFUSED))):
+    fields = sources.recorded()["fields"]
+    assert sources.recorded()["open_clip_version"] == "3.3.0"
+    for key, tables in (("vision_cfg", (options.VISION_CONVERTED, options.VISION_NO_EFFECT,
+                                        options.VISION_REFUSED)),
+                        ("text_cfg", (options.TEXT_CONVERTED, options.TEXT_NO_EFFECT,
+                                      options.TEXT_REFUSED)),
+                        ("model", (options.MODEL_CONVERTED, options.MODEL_NO_EFFECT,
+                                   options.MODEL_REFUSED))):
         known = set(fields[key]) | ({"custom_text", "multimodal_cfg"} if key == "model"
                                     else set())
         assert len(known) == sum(len(t) for t in tables), key  # no option twice
@@ -86,24 +94,24 @@ def test_every_open_clip_option_is_converted_accepted_or_refused():
 def test_the_document_is_what_the_converter_decides():
     """docs/open_clip_models.md is models_document() of the recorded data: 144 configs, 69
     converted, 75 refused."""
-    assert DOCS.read_text() == occ.models_document()
-    assert len(occ.model_names()) == 144
-    assert occ.verdict_counts() == {"convertible": 69, "refused": 75}
+    assert DOCS.read_text() == models_page.models_document()
+    assert len(sources.model_names()) == 144
+    assert models_page.verdict_counts() == {"convertible": 69, "refused": 75}
 
 
 def test_every_converted_config_reads_exactly_open_clips_state_dict():
     """For each of the 69 configs that convert, the tensors the block's rules read (names and
     shapes, open_clip_tensors.rules) are exactly those of the state dict open_clip builds for
     the config (its digest, recorded from open_clip on the meta device)."""
-    for name in occ.model_names():
+    for name in sources.model_names():
         block, _ = occ.verdict(name)
         if block is None:
             continue
         shapes = {rule.source: rule.shape for rule in open_clip_tensors.rules(block)}
-        recorded = occ.recorded()["models"][name]["state_dict"]
+        recorded = sources.recorded()["models"][name]["state_dict"]
         assert len(shapes) == recorded["tensors"], name
         assert sum(int(np.prod(s)) for s in shapes.values()) == recorded["parameters"], name
-        assert occ.state_dict_digest(shapes) == recorded["digest"], name
+        assert models_page.state_dict_digest(shapes) == recorded["digest"], name
 
 
 @pytest.mark.parametrize("name,vision,text,top", [
@@ -160,7 +168,7 @@ def test_refused_configs_name_the_option(name, message):
     block, why = occ.verdict(name)
     assert block is None
     with pytest.raises(ConfigError, match=message):
-        occ.model_block(occ.recorded_model(name)["model_cfg"])
+        occ.model_block(sources.recorded_model(name)["model_cfg"])
     assert why.startswith("open_clip option ")
 
 
@@ -280,7 +288,7 @@ def test_without_the_config_a_silent_option_is_warned_about_and_wrong(case, wron
     and the tower the option acts on is far from open_clip's."""
     cfg = occ.model_block(json.loads((OPTIONS / case / "open_clip_config.json").read_text())
                           ["model_cfg"]).model
-    with pytest.warns(clip_import.AssumptionWarning,
+    with pytest.warns(clip_state_dict.AssumptionWarning,
                       match=r"assuming image heads 2 \(from --vision_heads\); text heads 2 .*"
                             r"LayerNorm eps 1e-5; image pooling at the class token .* a causal "
                             r"text mask with argmax pooling"):
@@ -377,7 +385,7 @@ def test_hugging_face_cache_and_names_resolve_locally(tmp_path, monkeypatch):
             _leaves(converted.params), _leaves(direct.params), strict=True))
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
-    assert occ.hf_hub_cache() == str(tmp_path / "home" / "hub")
+    assert sources.hf_hub_cache() == str(tmp_path / "home" / "hub")
     with pytest.raises(ConfigError, match=r"hf-hub:someone/tiny-eos: the Hugging Face "
                                           r"repository someone/tiny-eos is not in the local "
                                           r"cache \(looked in .*home/hub/models--someone--"
@@ -418,7 +426,7 @@ def test_head_exceptions_come_from_the_recorded_configs():
     assert occ.head_exceptions("vision", 768) == [] and occ.head_exceptions("text", 512) == []
     config = {"sample_encoder": {"width": 1280, "heads": 20, "activation": "gelu"},
               "text_encoder": {"width": 1024, "heads": 16}}
-    text = clip_import._assumptions(config, heads_given=(False, False),
+    text = clip_state_dict._assumptions(config, heads_given=(False, False),
                                     activation_from="given")
     assert "image heads = width // 64 = 20 (open_clip configs with a 1280-wide image tower " \
            "and 16 heads: ['ViT-H-14'" in text
@@ -428,14 +436,14 @@ def test_torchscript_archives_tell_their_activation():
     """The modules a TorchScript archive's data.pkl names (read as data, nothing runs): the
     scripted exact-GELU model is no longer read as QuickGELU."""
     gelu, quick = OPTIONS / "torchscript_gelu.pt", OPTIONS / "torchscript_quickgelu.pt"
-    assert clip_import.is_torchscript(gelu) and clip_import.is_torchscript(quick)
-    assert clip_import.torchscript_activation(gelu) == "gelu"
-    assert clip_import.torchscript_activation(quick) == "quick_gelu"
-    assert clip_import._quick_gelu_from_name(str(gelu)) is False
-    assert clip_import._quick_gelu_from_name(str(quick)) is True
-    assert clip_import._bare_activation(str(gelu), None) == (
+    assert state_dict_files.is_torchscript(gelu) and state_dict_files.is_torchscript(quick)
+    assert state_dict_files.torchscript_activation(gelu) == "gelu"
+    assert state_dict_files.torchscript_activation(quick) == "quick_gelu"
+    assert clip_state_dict._quick_gelu_from_name(str(gelu)) is False
+    assert clip_state_dict._quick_gelu_from_name(str(quick)) is True
+    assert clip_state_dict.bare_activation(str(gelu), None) == (
         "gelu", "read from the TorchScript archive's modules")
-    assert clip_import.torchscript_activation(FIXTURES / "open_clip_tiny_gelu.npz") is None
+    assert state_dict_files.torchscript_activation(FIXTURES / "open_clip_tiny_gelu.npz") is None
 
 
 def test_command_line_with_a_config(tmp_path, capsys):
@@ -467,19 +475,29 @@ def test_command_line_with_a_config(tmp_path, capsys):
     assert "error: nothing to convert" in capsys.readouterr().err
 
 
-def test_the_module_runs_without_jax():
-    """open_clip_config imports only the standard library and contrastive_jax.errors (the
-    fixture scripts run it where open_clip, not JAX, is installed)."""
+def test_the_modules_run_without_jax():
+    """open_clip_config, open_clip_options, open_clip_sources and the docs page import only the
+    standard library and contrastive_jax.errors (the fixture scripts run them where open_clip,
+    not JAX, is installed): the package's parents as bare modules, nothing heavy imported."""
     import subprocess
 
-    code = ("import sys, types, importlib.util; p = types.ModuleType('contrastive_jax'); "
-            f"p.__path__ = [{str(pathlib.Path(occ.__file__).parents[3])!r}]; "
-            "sys.modules['contrastive_jax'] = p; "
-            f"s = importlib.util.spec_from_file_location('m', {occ.__file__!r}); "
-            "m = importlib.util.module_from_spec(s); sys.modules['m'] = m; "
-            "s.loader.exec_module(m); m.verdict('ViT-B-32'); "
+    root = pathlib.Path(occ.__file__).parents[4]
+    code = ("import sys, types\n"
+            f"for name, path in {BARE_PACKAGES!r}.items():\n"
+            "    module = types.ModuleType(name)\n"
+            f"    module.__path__ = [{str(root)!r} + '/' + path]\n"
+            "    sys.modules[name] = module\n"
+            f"sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
+            "import open_clip_models_page\n"
+            "open_clip_models_page.models_document()\n"
             "assert not {'jax', 'flax', 'numpy', 'torch'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# the packages above the converters, as bare modules (their __init__ imports JAX)
+BARE_PACKAGES = {"contrastive_jax": "contrastive_jax",
+                 "contrastive_jax.training": "contrastive_jax/training",
+                 "contrastive_jax.training.models": "contrastive_jax/training/models"}
 
 
 def test_warnings_are_not_raised_for_configured_conversions():

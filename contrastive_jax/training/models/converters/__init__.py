@@ -5,10 +5,15 @@
   parameters, from the model's own open_clip config or, without one, from tensor shapes (the
   command ``python -m contrastive_jax.training.models.converters.clip_import``;
   docs/pretrained.md);
+- :mod:`~contrastive_jax.training.models.converters.clip_state_dict`: a CLIP state dict
+  without its config, read as the default ViT CLIP (the assumptions stated in a warning);
 - :mod:`~contrastive_jax.training.models.converters.open_clip_config`: open_clip's model
-  configs (a file, a hub directory, a cache, a recorded name in ``open_clip_models.json``)
-  as ``dual_encoder`` blocks, every option converted exactly or refused by name
-  (docs/open_clip_models.md);
+  configs as ``dual_encoder`` blocks, every option (the tables of
+  :mod:`~contrastive_jax.training.models.converters.open_clip_options`) converted exactly or
+  refused by name (docs/open_clip_models.md);
+- :mod:`~contrastive_jax.training.models.converters.open_clip_sources`: where a model's config,
+  weights, pixels and tokenizer come from (a file, a hub directory, the Hugging Face cache, a
+  recorded name in ``open_clip_models.json``), and the timm trunks the configs name;
 - :mod:`~contrastive_jax.training.models.converters.open_clip_tensors`: open_clip state-dict
   names and layouts to parameters and back;
 - :mod:`~contrastive_jax.training.models.converters.open_clip_export`: open_clip's files
@@ -17,7 +22,8 @@
 - :mod:`~contrastive_jax.training.models.converters.big_vision_import`: big_vision's SigLIP
   ``.npz`` checkpoints;
 - :mod:`~contrastive_jax.training.models.converters.state_dict_files`: PyTorch state dicts
-  (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays;
+  (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays, and a TorchScript archive's
+  activation read without running it;
 - :mod:`~contrastive_jax.training.models.converters.converted_directory`: a converted model on
   disk (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``).
 

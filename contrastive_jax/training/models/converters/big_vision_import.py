@@ -66,6 +66,10 @@ from absl import flags
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters.converted_directory import save_converted
+from contrastive_jax.training.models.converters.open_clip_tensors import (
+    check_against_model,
+    describe_sizes,
+)
 
 # big_vision's ViT variants (vit.decode_variant; its text towers use the same table):
 # name -> (width, depth, mlp_dim, heads). Heads cannot be read from the arrays' shapes; the
@@ -407,7 +411,7 @@ def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
         value = arrays.get(source)
         if value.shape != shape:
             raise ConfigError(f"array {arrays.source(source)!r} has shape {value.shape}; the "
-                              f"architecture read from the checkpoint ({_summary(config)}) "
+                              f"architecture read from the checkpoint ({describe_sizes(config)}) "
                               f"needs {shape}")
         if shape == (1,) and target[-1] in ("log_scale", "bias") and len(target) == 1:
             value = value.reshape(())
@@ -420,35 +424,8 @@ def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
     if unused:
         raise ConfigError(f"array {unused[0]!r} of the checkpoint has no place in a big_vision "
                           f"SigLIP ({len(unused)} unused: {unused[:5]}); {_SUPPORTED}")
-    _check_against_model(config, params)
+    check_against_model(config, params)
     return config, params
-
-
-def _summary(config: Mapping[str, Any]) -> str:
-    v, t = config["sample_encoder"], config["text_encoder"]
-    return (f"image {v['image_size']} patch {v['patch']} width {v['width']} depth {v['depth']} "
-            f"heads {v['heads']}; text context {t['max_tokens']} vocab {t['vocab_size']} "
-            f"width {t['width']} depth {t['depth']} heads {t['heads']}; "
-            f"embed_dim {config['embed_dim']}")
-
-
-def _check_against_model(config: Mapping[str, Any], params: dict) -> None:
-    """The converted tree has exactly the structure and shapes of the model ``config`` builds
-    (abstractly, nothing is initialised); a difference is a bug of this module."""
-    import jax
-    from flax import nnx
-
-    from contrastive_jax.training.models import build_model
-
-    model = nnx.eval_shape(lambda: build_model(config, nnx.Rngs(0)))
-    expected = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    want = {jax.tree_util.keystr(k): x.shape
-            for k, x in jax.tree_util.tree_leaves_with_path(expected)}
-    got = {jax.tree_util.keystr(k): np.shape(x)
-           for k, x in jax.tree_util.tree_leaves_with_path(params)}
-    if want != got:
-        diff = sorted(set(want.items()) ^ set(got.items()))
-        raise AssertionError(f"converted parameters do not match the model: {diff[:4]}")
 
 
 def convert(path: str | os.PathLike, *, activation: str = "gelu_tanh",
@@ -506,7 +483,7 @@ def _convert_and_save(positional: list[str]) -> None:
                              vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value)
     save_converted(_OUTPUT.value, config, params, preprocess=preprocess(config))
     count = sum(int(np.size(x)) for x in _leaves(params))
-    print(f"wrote {_OUTPUT.value}: {count:,} parameters ({_summary(config)}; "
+    print(f"wrote {_OUTPUT.value}: {count:,} parameters ({describe_sizes(config)}; "
           f"activation {_ACTIVATION.value})")
 
 

@@ -4,10 +4,10 @@ expects a pixel normalisation, ``DIR/preprocess.json`` (``data.preprocess`` fiel
 ``std``, ``resize``, ``image_size``, and ``resize_mode``: ``"shortest"`` (resize the shorter
 side, centre crop; the default) or ``"squash"``; a run that starts from the directory takes
 ``mean`` and ``std`` from it,
-:func:`contrastive_jax.training.run.init_from.pretrained_preprocess`) and, where the converter
-was given the model's tokenizer, ``DIR/tokenizer.json`` (a ``data.preprocess.tokenizer`` spec
-whose ``path`` is relative to ``DIR``) with the tokenizer's file copied beside it
-(``DIR/tokenizer/``), so that the directory alone gives a ready model
+:func:`contrastive_jax.training.run.pretrained_pixels.pretrained_preprocess`) and, where the
+converter was given the model's tokenizer, ``DIR/tokenizer.json`` (a
+``data.preprocess.tokenizer`` spec whose ``path`` is relative to ``DIR``) with the tokenizer's
+file copied beside it (``DIR/tokenizer/``), so that the directory alone gives a ready model
 (:func:`contrastive_jax.pretrained.load_pretrained`).
 
 The converters (:mod:`.clip_import`) write it; ``model.init_from`` and

@@ -276,11 +276,12 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
 
 
 def nested(flat: Mapping[str, np.ndarray]) -> dict:
-    """``{"a/0/b": leaf}`` -> ``{"a": {"0": {"b": leaf}}}``."""
+    """``{"a/0/b": leaf}`` -> ``{"a": {0: {"b": leaf}}}``: the nested pure dict of
+    ``nnx.to_pure_dict`` (list indices as ints)."""
     out: dict = {}
     for path, leaf in flat.items():
         node = out
-        *parents, last = path.split("/")
+        *parents, last = (int(k) if k.isdigit() else k for k in path.split("/"))
         for key in parents:
             node = node.setdefault(key, {})
         node[last] = leaf

@@ -369,10 +369,11 @@ def rules(model_block: Mapping[str, Any]) -> list[Rule]:
 
 # --- the two directions ------------------------------------------------------------------------
 
-def _describe(model: Mapping[str, Any]) -> str:
+def describe_sizes(model: Mapping[str, Any]) -> str:
+    """One line of a dual encoder block's sizes, for messages about tensors and shapes."""
     v, t = model["sample_encoder"], model["text_encoder"]
     return (f"image {v['image_size']} patch {v['patch']} width {v['width']} depth "
-            f"{v['depth']} heads {v['heads']} pool {v['pool']!r}; text context "
+            f"{v['depth']} heads {v['heads']} pool {v.get('pool', 'mean')!r}; text context "
             f"{t['max_tokens']} vocab {t['vocab_size']} width {t['width']} depth {t['depth']} "
             f"heads {t['heads']}; embed_dim {model['embed_dim']}")
 
@@ -420,11 +421,11 @@ def params_from_state_dict(model_block: Mapping[str, Any],
     for rule in rules(model):
         if rule.source not in named:
             raise ConfigError(f"the checkpoint has no tensor {rule.source!r}, which the model "
-                              f"block needs ({_describe(model)})")
+                              f"block needs ({describe_sizes(model)})")
         value = named[rule.source]
         if value.shape != rule.shape:
             raise ConfigError(f"tensor {rule.source!r} has shape {value.shape}; the model "
-                              f"block ({_describe(model)}) needs {rule.shape}")
+                              f"block ({describe_sizes(model)}) needs {rule.shape}")
         value = np.asarray(value, np.float32)
         if not rule.targets and not np.array_equal(value, rule.join([])):
             raise ConfigError(f"tensor {rule.source!r} is not the identity, which "
@@ -438,7 +439,7 @@ def params_from_state_dict(model_block: Mapping[str, Any],
     unused = [name for name in named if name not in used]
     if unused:
         raise ConfigError(f"tensor {unused[0]!r} of the checkpoint has no place in the model "
-                          f"block ({_describe(model)}; {len(unused)} unused: {unused[:5]})")
+                          f"block ({describe_sizes(model)}; {len(unused)} unused: {unused[:5]})")
     check_against_model(model_block, params)
     return params
 
@@ -483,7 +484,7 @@ def state_dict_from_params(model_block: Mapping[str, Any],
             value = np.asarray(leaves[name], np.float32)
             if value.shape != shape:
                 raise ConfigError(f"parameter {name!r} has shape {value.shape}; the model "
-                                  f"block ({_describe(model)}) needs {shape}")
+                                  f"block ({describe_sizes(model)}) needs {shape}")
             parts.append(value)
             used.add(name)
         tensor = np.array(rule.join(parts), np.float32, order="C")
@@ -492,7 +493,7 @@ def state_dict_from_params(model_block: Mapping[str, Any],
     unused = sorted(set(leaves) - used)
     if unused:
         raise ConfigError(f"parameter {unused[0]!r} has no open_clip counterpart in the model "
-                          f"block ({_describe(model)}; {len(unused)} unused: {unused[:5]})")
+                          f"block ({describe_sizes(model)}; {len(unused)} unused: {unused[:5]})")
     return out
 
 

@@ -1,13 +1,18 @@
 """PyTorch state dicts as NumPy: ``.safetensors`` without PyTorch, ``.pt`` / ``.bin`` with it.
 
 :func:`load_state_dict` reads a checkpoint file the user already has into ``{name: float32
-array}``, the input of :mod:`~contrastive_jax.training.models.converters.clip_import`.
+array}``, the input of :mod:`~contrastive_jax.training.models.converters.clip_import`;
+:func:`torchscript_activation` reads the activation a TorchScript archive's modules name,
+without running it.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import pickletools
+import re
 import zipfile
 from collections.abc import Mapping
 
@@ -136,3 +141,49 @@ def _normalise_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
             value = value.reshape(())
         out[name] = value
     return out
+
+
+def _pickle_classes(data: bytes) -> set[str]:
+    """``module.Class`` names a pickle refers to (its GLOBAL / STACK_GLOBAL opcodes), read with
+    :mod:`pickletools` (nothing is unpickled or run)."""
+    out, strings = set(), []
+    for opcode, arg, _ in pickletools.genops(io.BytesIO(data)):
+        if opcode.name == "GLOBAL":
+            out.add(str(arg).replace(" ", "."))
+        elif opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+            strings.append(str(arg))
+        elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+            out.add(f"{strings[-2]}.{strings[-1]}")
+    return out
+
+
+def torchscript_activation(path: str | os.PathLike) -> str | None:
+    """The activation of a TorchScript archive of a CLIP (OpenAI's releases, a scripted
+    open_clip model), read from the archive as data (the module classes its ``data.pkl``
+    names, the ``approximate`` its stored GELU code declares; nothing in it runs):
+    ``"quick_gelu"`` (QuickGELU modules only), ``"gelu"`` / ``"gelu_tanh"``
+    (``torch.nn.GELU`` only), or None when it cannot tell (neither, both, or an unreadable
+    archive)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            classes = set()
+            for name in names:
+                if name.endswith("data.pkl"):
+                    classes |= _pickle_classes(archive.read(name))
+            approximate = set()
+            for name in names:
+                if name.endswith(".py") and "/code/" in f"/{name}":
+                    code = archive.read(name).decode("utf-8", "replace")
+                    approximate |= set(re.findall(
+                        r"class GELU\(Module\):.*?approximate : Final\[str\] = \"(\w+)\"",
+                        code, re.S))
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return None
+    quick = any(c.rsplit(".", 1)[-1] == "QuickGELU" for c in classes)
+    gelu = any(c.rsplit(".", 1)[-1] == "GELU" for c in classes)
+    if quick and not gelu:
+        return "quick_gelu"
+    if gelu and not quick and len(approximate) == 1:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate.pop())
+    return None
