@@ -32,13 +32,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "name": "dual_encoder",
         "sample_encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
                            "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256},
+        # scan: the blocks as one lax.scan over stacked parameters (False: unrolled)
         "text_encoder": {"name": "text_transformer", "vocab_size": len(captions.vocabulary()),
                          "max_tokens": captions.MAX_TOKENS, "width": 64, "depth": 2,
-                         "heads": 4, "features": 64},
+                         "heads": 4, "features": 64, "scan": True},
         "embed_dim": 64,
         "siglip": v.loss == "siglip",
         # SigLIP starts at scale 10, bias -10; CLIP at 1 / 0.07
         "init_temperature": 0.1 if v.loss == "siglip" else 0.07,
+        "attention": "auto",  # the text tower's kernel: "auto" | "xla" | "cudnn"
     }
     config.method = v.loss
     # identical captions are positives, not false negatives (docs/derivations.md §5.4)

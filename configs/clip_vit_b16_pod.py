@@ -130,18 +130,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                            "grayscale": 0.0, "blur": 0.0, "noise": 0.0, "cutout": 0.0})
     config.model = {
         "name": "dual_encoder",
+        # scan: each tower's blocks as one lax.scan over stacked parameters (compile time
+        # flat in depth; False: unrolled, docs/training.md)
         "sample_encoder": {"name": "vit", "image_size": 224, "patch": 16, "in_channels": 3,
                            "width": 768, "depth": 12, "heads": 12, "mlp_ratio": 4,
-                           "features": 768},
+                           "features": 768, "scan": True},
         "text_encoder": {"name": "text_transformer", "vocab_size": 32000, "max_tokens": 32,
                          "width": 512, "depth": 12, "heads": 8, "mlp_ratio": 4,
-                         "features": 512},
+                         "features": 512, "scan": True},
         "embed_dim": 512,
         "init_temperature": 0.07,
         # bf16 matmuls, float32 parameters, optimiser state and loss statistics; every
         # Transformer block recomputed in the backward pass (docs/training.md)
         "dtype": "bfloat16",
         "remat": True,
+        # cuDNN's fused attention on a GPU where it applies, else XLA (encoders/attention.py)
+        "attention": "auto",
     }
     # parameters and AdamW moments split over the 256 chips (docs/sharding.md)
     config.sharding.params = "fsdp"
@@ -204,7 +208,8 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
         raise ConfigError(f"pretrained={source} has no tokenizer file: give its own with "
                           f"tokenizer=FILE (kind {spec['kind']!r}: CLIP's "
                           "bpe_simple_vocab_16e6.txt.gz or a SigLIP model's spiece.model)")
-    config.model = {**block, "dtype": "bfloat16", "remat": True,
+    towers = {k: {"scan": True, **block[k]} for k in ("sample_encoder", "text_encoder")}
+    config.model = {**block, **towers, "dtype": "bfloat16", "remat": True, "attention": "auto",
                     "init_from": {"path": source}}
     if mode == "locked":
         config.model.frozen = "sample_encoder"

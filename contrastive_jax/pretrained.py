@@ -162,6 +162,8 @@ def _workdir(path: str) -> PretrainedSource:
     import json
 
     from contrastive_jax.training.models.converters.open_clip_export import nested
+    from contrastive_jax.training.models.converters.open_clip_tensors import model_leaves
+    from contrastive_jax.training.models.scanned_layers import to_layout
     from contrastive_jax.training.run.init_from import read
     from contrastive_jax.training.run.workdir.config_record import upgrade
 
@@ -172,7 +174,9 @@ def _workdir(path: str) -> PretrainedSource:
     if model.get("name") != "dual_encoder":
         raise ConfigError(f"{path} is a workdir of a {model.get('name')!r} model; "
                           "load_pretrained gives dual encoders (image and text towers)")
-    params = nested(stored.params)
+    # in the layout the recorded model block builds today (a run saved before scanned layers
+    # holds unrolled blocks)
+    params = nested(to_layout(stored.params, model_leaves(model)))
     pre = dict(config.get("data", {}).get("preprocess", {}))
     preprocess = None
     if pre.get("name") == "image_text":

@@ -414,8 +414,9 @@ def test_mlp_width_sets_the_hidden_layer():
     vit = {**config["sample_encoder"], "mlp_width": 20}
     state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(
         lambda: build_model({**config, "sample_encoder": vit}, nnx.Rngs(0))), nnx.Param))
-    assert state["sample_encoder"]["blocks"][1]["fc1"]["kernel"].shape == (32, 20)
-    assert state["sample_encoder"]["blocks"][1]["fc2"]["kernel"].shape == (20, 32)
+    depth = vit["depth"]  # scanned: the blocks stacked on a leading layer axis
+    assert state["sample_encoder"]["blocks"]["fc1"]["kernel"].shape == (depth, 32, 20)
+    assert state["sample_encoder"]["blocks"]["fc2"]["kernel"].shape == (depth, 20, 32)
     with pytest.raises(ConfigError, match="mlp_width must be a positive integer"):
         nnx.eval_shape(lambda: build_model({**config, "sample_encoder": {**vit, "mlp_width": 0}},
                                            nnx.Rngs(0)))  # shapes only: nothing to compile

@@ -128,30 +128,6 @@ def test_moco_momentum_update_and_fifo_queue():
     np.testing.assert_allclose(jnp.linalg.norm(init, axis=1), 1.0, rtol=1e-6)
 
 
-def test_attention_matches_jax_and_stays_in_float64():
-    """The towers' attention equals jax.nn.dot_product_attention in float32 (with a padding
-    mask) and, in float64, a NumPy softmax to 1e-14 (jax.nn's rounds to float32)."""
-    from contrastive_jax.training.models.encoders.transformer import attention
-
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.normal(size=(3, 5, 2, 4)) for _ in range(3))
-    mask = np.ones((3, 1, 5, 5), bool)
-    mask[..., 3:] = False  # the last two keys are padding
-    got = attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)), mask=mask)
-    want = jax.nn.dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
-                                        mask=mask)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    with jax.enable_x64(True):
-        got = attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask=mask)
-        assert got.dtype == jnp.float64
-    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / 2.0
-    logits = np.where(mask, logits, -np.inf)
-    weights = np.exp(logits - logits.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    np.testing.assert_allclose(got, np.einsum("bhqk,bkhd->bqhd", weights, v), rtol=1e-14,
-                               atol=1e-15)
-
-
 def test_dropout_draws_each_example_from_its_own_key():
     """ExampleDropout: example b's mask depends only on keys[b] (a batch equals its halves),
     kept entries are scaled by 1 / (1 - rate), about rate of them are dropped, and the

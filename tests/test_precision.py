@@ -177,7 +177,7 @@ def test_bfloat16_loss_and_gradients_stay_close_to_float32():
 @pytest.mark.parametrize("settings,match", [
     ({"dtype": "float16"}, r"unknown model.dtype 'float16'; valid: \['float32', 'bfloat16'\]"),
     ({"dtype": "bf16"}, r"unknown model.dtype 'bf16'"),
-    ({"remat": "yes"}, r"model.remat must be True or False; got 'yes'"),
+    ({"remat": "yes"}, r"model.remat must be True or False, a policy name .* got 'yes'"),
     ({"remat": True, "remat_policy": "save_all"},
      r"unknown model.remat_policy 'save_all'; valid: \['nothing_saveable', 'dots_saveable', "
      r"'dots_with_no_batch_dims_saveable'\]"),

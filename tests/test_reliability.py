@@ -180,24 +180,68 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
 
     rng = np.random.default_rng(0)
     tree = {"w": rng.standard_normal((16, 6)).astype(np.float32),
+            "columns": rng.standard_normal((6, 16)),  # float64: two words an element
+            "half": rng.standard_normal((3, 8)).astype(np.float16),
             "b": rng.standard_normal(16).astype(np.float32).astype(jax.numpy.bfloat16),
             "step": np.int32(7), "mask": rng.random(8) > 0.5,
             "key": rng.integers(0, 2**32, 2, dtype=np.uint32)}
     mesh = make_mesh({"data": 8})
-    split = jax.device_put(tree, {"w": NamedSharding(mesh, P("data")),
-                                  "b": NamedSharding(mesh, P("data")),
-                                  "step": NamedSharding(mesh, P()),
-                                  "mask": NamedSharding(mesh, P("data")),
-                                  "key": NamedSharding(mesh, P())})
-    whole = jax.device_get(state_checksums(tree))
-    assert whole.shape == (5, 2) and whole.dtype == np.uint32
-    np.testing.assert_array_equal(jax.device_get(state_checksums(split)), whole)
-    for name in ("w", "b", "mask"):
+    shardings = {"w": NamedSharding(mesh, P("data")),
+                 "columns": NamedSharding(mesh, P(None, "data")),  # split on its last axis
+                 "half": NamedSharding(mesh, P(None, "data")),
+                 "b": NamedSharding(mesh, P("data")),
+                 "step": NamedSharding(mesh, P()),
+                 "mask": NamedSharding(mesh, P("data")),
+                 "key": NamedSharding(mesh, P())}
+    with jax.enable_x64(True):  # the float64 leaf stays float64
+        split = jax.device_put(tree, shardings)
+        whole = jax.device_get(state_checksums(tree))
+        assert whole.shape == (7, 2) and whole.dtype == np.uint32
+        np.testing.assert_array_equal(jax.device_get(state_checksums(split)), whole)
+        np.testing.assert_array_equal(whole, ravelled_checksums(tree))  # the saved format
+    for name in ("w", "b", "mask", "columns", "half"):
         changed = {k: np.array(v) for k, v in tree.items()}
         flat = changed[name].view(np.uint8).reshape(-1)
         flat[3] ^= 1  # one bit of one element
-        differs = jax.device_get(state_checksums(changed)) != whole
+        with jax.enable_x64(True):
+            differs = jax.device_get(state_checksums(changed)) != whole
         assert differs.any(axis=1).sum() == 1, name  # that leaf's row, no other
+
+
+def ravelled_checksums(tree) -> np.ndarray:
+    """The checksums as checkpoints before 0.3 recorded them, by the obvious NumPy formula:
+    each leaf's bytes as unsigned words in row-major order (8-byte values: two words), their
+    sum and ``sum (2 i + 1) w_i``, mod 2^32."""
+    import jax
+
+    rows = []
+    for leaf in jax.tree.leaves(tree):
+        x = np.ascontiguousarray(np.asarray(leaf))
+        x = x.astype(np.uint8) if x.dtype == np.bool_ else x
+        words = x.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}[x.itemsize])
+        words = words.reshape(-1).astype(np.uint64)
+        weights = 2 * np.arange(words.size, dtype=np.uint64) + 1
+        rows.append([int(words.sum() % 2**32), int((words * weights).sum() % 2**32)])
+    return np.asarray(rows, np.uint32)
+
+
+def test_the_checksums_of_an_fsdp_state_need_no_more_than_its_largest_shard():
+    """16 weights of 1 MiB split by FSDP on their second axis over 8 devices (128 KiB each):
+    the checksum program's temporaries per device stay within 1.1x the largest shard (a
+    ``ravel`` of such a leaf is an all-gather: it needed 33 MiB)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from contrastive_jax.mesh import make_mesh
+    from contrastive_jax.training.run.checkpoints import state_checksums
+
+    mesh = make_mesh({"data": 8})
+    sharding = NamedSharding(mesh, P(None, "data"))
+    tree = [jax.ShapeDtypeStruct((64, 4096), np.float32, sharding=sharding) for _ in range(16)]
+    shard = 64 * 4096 * 4 // 8
+    memory = state_checksums.lower(tree).compile().memory_analysis()
+    assert memory.temp_size_in_bytes <= 1.1 * shard, memory
 
 
 @pytest.mark.parametrize("when", ["evaluating", "announced"])

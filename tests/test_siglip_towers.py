@@ -22,7 +22,10 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_encoder, build_model
+from contrastive_jax.training.models.converters.open_clip_export import nested
+from contrastive_jax.training.models.converters.open_clip_tensors import leaves_by_path
 from contrastive_jax.training.models.precision import layers_dtype
+from contrastive_jax.training.models.scanned_layers import to_layout
 
 WIDTH, HEADS, HIDDEN, DEPTH = 16, 2, 40, 2  # HIDDEN: timm's int(16 * 2.5), not 4 * WIDTH
 IMAGE, PATCH, CHANNELS = 8, 4, 3
@@ -190,14 +193,21 @@ def text_proj_params(t: dict) -> dict:
     return {"kernel": t["text_projection"]}
 
 
+def set_params(model: nnx.Module, params: dict) -> nnx.Module:
+    """``model`` holding ``params`` (one entry per block, as written here), moved into the
+    model's layout of the blocks (scanned by default)."""
+    state = nnx.state(model, nnx.Param)
+    want = leaves_by_path(nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, nested(to_layout(leaves_by_path(params), want)))
+    nnx.update(model, state)
+    return model
+
+
 def model_with(config: dict, params: dict, **settings) -> nnx.Module:
     """The model of ``config`` holding ``params`` (built with shapes only, then set)."""
     build = build_model if config["name"] == "dual_encoder" else build_encoder
-    model = nnx.eval_shape(lambda: build({**config, **settings}, nnx.Rngs(0)))
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
-    return model
+    return set_params(nnx.eval_shape(lambda: build({**config, **settings}, nnx.Rngs(0))),
+                      params)
 
 
 @nnx.jit
@@ -435,12 +445,8 @@ def test_default_configs_keep_their_parameter_tree(vision, text):
 def vit_with(params: dict, *, dtype=None, remat_policy: str | None = None) -> nnx.Module:
     """The SigLIP ViT holding ``params``, with the model-wide settings ``build_model`` would
     pass (compute dtype, remat policy)."""
-    model = nnx.eval_shape(lambda: build_encoder(vit_block(), nnx.Rngs(0), dtype=dtype,
-                                                 remat_policy=remat_policy))
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
-    return model
+    return set_params(nnx.eval_shape(lambda: build_encoder(
+        vit_block(), nnx.Rngs(0), dtype=dtype, remat_policy=remat_policy)), params)
 
 
 def test_map_head_in_bfloat16_and_under_remat():

@@ -60,7 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
 :mod:`contrastive_jax.training.step.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.run.distributed.launch_settings`; empty: from the environment,
     else a single process), ``profile`` (a ``jax.profiler`` trace of chosen steps in
-    ``workdir/profile``, :mod:`contrastive_jax.training.run.profiling`; off by default).
+    ``workdir/profile``, :mod:`contrastive_jax.training.run.profiling`; off by default),
+    ``transfer_guard`` (the loop between its sync points, :func:`contrastive_jax.training.
+    train.train_and_evaluate`), ``log_model_flops`` (TFLOP/s and MFU on the progress line,
+    :mod:`contrastive_jax.training.step.model_flops`).
     """
     return ml_collections.ConfigDict({
         "seed": 0,
@@ -112,6 +115,15 @@ def base_config() -> ml_collections.ConfigDict:
         # workdir/profile/process_<i>, process 0's or, with all_hosts, every process's
         # (contrastive_jax.training.run.profiling; docs/training.md "Profiling"); 0 steps: off
         "profile": {"start_step": 0, "num_steps": 0, "all_hosts": False},
+        # the training loop's steps between its sync points (logging, checkpoints,
+        # evaluation, the one-step-delayed guard read) run under
+        # jax.transfer_guard_device_to_host(transfer_guard): "allow" | "log" | "disallow"
+        # ("disallow": any other device read is an error, to find a host stall)
+        "transfer_guard": "allow",
+        # model TFLOP/s per chip and MFU on the progress line: the step's model FLOPs
+        # counted once by XLA (contrastive_jax.training.step.model_flops), while the first
+        # step compiles
+        "log_model_flops": True,
     })
 
 

@@ -12,7 +12,17 @@ dual encoder.
                        (precision.py)
     model.remat        False (default) | True: rematerialise the repeated blocks (Transformer
                        blocks, ResNet blocks, the signal CNN's and the MLP's layers; remat.py)
-    model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES
+                       of every tower under model.remat_policy; a policy name (one of
+                       remat.POLICIES): every tower under it; or one entry per tower,
+                       {"sample_encoder": "dots_saveable", "text_encoder": False} (towers
+                       left out: off)
+    model.remat_policy "nothing_saveable" (default) or another of remat.POLICIES: the policy
+                       of model.remat = True (and of a tower's True)
+    model.attention    "auto" (default) | "xla" | "cudnn": the Transformer towers' attention
+                       kernel (encoders/attention.py)
+    model.<tower>.scan True (default for "vit" and "text_transformer") | False: the tower's
+                       Transformer blocks as one lax.scan over stacked parameters, or unrolled
+                       (scanned_layers.py); other encoders have no blocks to scan
     model.sample_projection, model.text_projection (dual encoder)
                        "linear" (default, bias-free) | "linear_bias" | "none" (identity; the
                        tower's features must equal embed_dim): dual_encoder.PROJECTIONS
@@ -50,7 +60,8 @@ from contrastive_jax.training.models.encoders import (
 from contrastive_jax.training.models.heads import ProjectionHead
 from contrastive_jax.training.models.precision import layers_dtype
 from contrastive_jax.training.models.projected_encoder import ProjectedEncoder
-from contrastive_jax.training.models.remat import check_policy
+from contrastive_jax.training.models.remat import POLICIES, check_policy
+from contrastive_jax.training.models.scanned_layers import SCANNABLE
 
 ENCODERS = {"signal_cnn": SignalCNN, "resnet": ResNet, "vit": ViT,
             "text_transformer": TextTransformer, "mlp": MLPEncoder}
@@ -59,8 +70,10 @@ MODELS = ("projected_encoder", "dual_encoder")
 DEPRECATED_MODEL_NAMES = {"simclr": "projected_encoder", "moco": "projected_encoder"}
 # model settings of earlier releases that are now a method's: where they live now
 MOVED_TO_METHODS = {"momentum": "moco.momentum", "queue_size": "moco.queue_size"}
-# every model takes the whole-model settings (compute dtype, rematerialisation)
-MODEL_WIDE = {"dtype", "remat", "remat_policy"}
+# every model takes the whole-model settings (compute dtype, rematerialisation, attention)
+MODEL_WIDE = {"dtype", "remat", "remat_policy", "attention"}
+# the towers of each model, as model.remat names them per tower
+TOWERS = {"projected_encoder": ("encoder",), "dual_encoder": ("sample_encoder", "text_encoder")}
 MODEL_KEYS = {
     "projected_encoder": {"name", "encoder", "head", "learn_temperature", "init_temperature",
                           *MODEL_WIDE},
@@ -69,14 +82,18 @@ MODEL_KEYS = {
                      *MODEL_WIDE},
 }
 # set once for the whole model by build_model, never in an encoder's own block
-_FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.remat_policy"}
+_FROM_MODEL = {"dtype": "model.dtype", "remat_policy": "model.remat and model.remat_policy",
+               "attention": "model.attention"}
+# encoders with attention, which take model.attention
+_ATTENTION = ("vit", "text_transformer")
 
 
 def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
-                  remat_policy: str | None = None) -> nnx.Module:
-    """``ENCODERS[config["name"]](**rest, dtype=dtype, remat_policy=...)``; unknown names or
-    arguments say what is valid. ``dtype`` (:func:`.precision.layers_dtype`) and
-    ``remat_policy`` (:mod:`.remat`; ``None``: off) come from the model's settings."""
+                  remat_policy: str | None = None, attention: str = "auto") -> nnx.Module:
+    """``ENCODERS[config["name"]](**rest, dtype=dtype, remat_policy=..., attention=...)``;
+    unknown names or arguments say what is valid. ``dtype`` (:func:`.precision.layers_dtype`),
+    ``remat_policy`` (:mod:`.remat`; ``None``: off) and ``attention`` (the Transformer towers'
+    kernel, :mod:`.encoders.attention`) come from the model's settings."""
     config = dict(config)
     name = config.pop("name", None)
     if name not in ENCODERS:
@@ -85,23 +102,55 @@ def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
         if key in config:
             raise ConfigError(f"encoder {name!r}: {key!r} is a setting of the whole model; "
                               f"remove it from the encoder and set {where}")
-    return _construct(ENCODERS[name], config, rngs, f"encoder {name!r}",
-                      {"dtype": dtype, "remat_policy": remat_policy})
+    if "scan" in config and name not in SCANNABLE:
+        raise ConfigError(f"encoder {name!r} has no Transformer blocks to scan; remove its "
+                          f"'scan' setting (scan applies to {list(SCANNABLE)})")
+    settings = {"dtype": dtype, "remat_policy": remat_policy}
+    if name in _ATTENTION:
+        settings["attention"] = attention
+    return _construct(ENCODERS[name], config, rngs, f"encoder {name!r}", settings)
+
+
+def remat_policies(config: Mapping[str, Any], towers: tuple[str, ...]) -> dict[str, str | None]:
+    """``{tower: remat policy or None}`` of a ``model`` block's ``remat`` and ``remat_policy``
+    (see the module docstring: a bool, a policy name, or one entry per tower); bad values are
+    a :class:`ConfigError` naming the valid ones."""
+    remat = config.get("remat", False)
+    remat = remat.to_dict() if hasattr(remat, "to_dict") else remat
+    policy = check_policy(config.get("remat_policy", "nothing_saveable"))
+    entries = remat if isinstance(remat, Mapping) else dict.fromkeys(towers, remat)
+    unknown = sorted(set(entries) - set(towers))
+    if unknown:
+        raise ConfigError(f"model.remat: unknown towers {unknown}; this model's towers: "
+                          f"{list(towers)}")
+    if isinstance(remat, str) and "remat_policy" in config:
+        raise ConfigError(f"model.remat = {remat!r} names the policy already; drop "
+                          "model.remat_policy")
+    out = {}
+    for tower in towers:
+        value = entries.get(tower, False)
+        if isinstance(value, str) and value in POLICIES:
+            out[tower] = value
+        elif isinstance(value, bool):
+            out[tower] = policy if value else None
+        else:
+            raise ConfigError(f"model.remat must be True or False, a policy name (one of "
+                              f"{list(POLICIES)}) or one such value per tower ({list(towers)}); "
+                              f"got {remat!r}")
+    if policy != "nothing_saveable" and True not in entries.values():
+        raise ConfigError(f"model.remat_policy = {policy!r} has no effect while model.remat is "
+                          "False for every tower; set model.remat = True (or drop the policy)")
+    return out
 
 
 def model_settings(config: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """``(compute dtype, remat policy or None)`` of a ``model`` block's ``dtype``, ``remat`` and
-    ``remat_policy`` (defaults ``"float32"``, ``False``, ``"nothing_saveable"``); bad values are
-    a :class:`ConfigError` naming the valid ones."""
+    """``(compute dtype, remat policy or None)`` of a ``model`` block whose towers all share
+    one policy (:func:`remat_policies`; a per-tower ``remat`` gives the first tower's); bad
+    values are a :class:`ConfigError` naming the valid ones."""
     dtype = layers_dtype(config.get("dtype", "float32"))
-    remat = config.get("remat", False)
-    if not isinstance(remat, bool):
-        raise ConfigError(f"model.remat must be True or False; got {remat!r}")
-    policy = check_policy(config.get("remat_policy", "nothing_saveable"))
-    if not remat and policy != "nothing_saveable":
-        raise ConfigError(f"model.remat_policy = {policy!r} has no effect while model.remat is "
-                          "False; set model.remat = True (or drop the policy)")
-    return dtype, policy if remat else None
+    name = DEPRECATED_MODEL_NAMES.get(config.get("name"), config.get("name"))
+    towers = TOWERS.get(name, ("encoder",))
+    return dtype, remat_policies(config, towers)[towers[0]]
 
 
 def model_name(config: Mapping[str, Any]) -> str:
@@ -132,9 +181,12 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     if unknown:
         raise ConfigError(f"model {name!r}: unknown settings {unknown}; valid: "
                          f"{sorted(MODEL_KEYS[name])}")
-    dtype, policy = model_settings(config)
+    dtype = layers_dtype(config.get("dtype", "float32"))
+    policies = remat_policies(config, TOWERS[name])
+    attention = config.get("attention", "auto")
     if name != "dual_encoder":
-        encoder = build_encoder(config["encoder"], rngs, dtype=dtype, remat_policy=policy)
+        encoder = build_encoder(config["encoder"], rngs, dtype=dtype,
+                                remat_policy=policies["encoder"], attention=attention)
         head = dict(config.get("head", {}))
         if "dtype" in head:
             raise ConfigError("model.head: 'dtype' is a setting of the whole model; remove it "
@@ -144,8 +196,10 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
         options = {k: config[k] for k in ("learn_temperature", "init_temperature")
                    if k in config}
         return ProjectedEncoder(encoder, head, **options)
-    sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype, remat_policy=policy)
-    text = build_encoder(config["text_encoder"], rngs, dtype=dtype, remat_policy=policy)
+    sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype,
+                           remat_policy=policies["sample_encoder"], attention=attention)
+    text = build_encoder(config["text_encoder"], rngs, dtype=dtype,
+                         remat_policy=policies["text_encoder"], attention=attention)
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias",
                                       "sample_projection", "text_projection") if k in config}
     return DualEncoder(sample, text, dtype=dtype, rngs=rngs, **options)

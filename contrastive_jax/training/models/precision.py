@@ -12,7 +12,7 @@ projection heads bfloat16, while
 * LayerNorm and BatchNorm take their mean and variance in float32 (Flax promotes the
   statistics to at least float32) and BatchNorm's running statistics are float32;
 * attention's softmax is float32
-  (:func:`~contrastive_jax.training.models.encoders.transformer.attention`);
+  (:mod:`~contrastive_jax.training.models.encoders.attention`);
 * the embeddings that leave the model for the loss are float32 (:func:`up_to_float32`), so the
   loss's log-sum-exp, softmax and logit scale keep float32 statistics.
 

@@ -19,11 +19,13 @@ each object followed by a delete (an object store has no rename).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import time
 import uuid
+from typing import Any
 
 import grain
 import jax
@@ -38,7 +40,9 @@ from contrastive_jax.errors import (
     WorkdirError,
     storage_cause,
 )
+from contrastive_jax.training.models import scanned_layers
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
+from contrastive_jax.training.step.state_sharding import path_name
 from contrastive_jax.training.step.train_state import all_finite
 
 
@@ -53,8 +57,11 @@ def manager(workdir: str | os.PathLike, *, every: int, keep: int) -> ocp.Checkpo
     _quiet_orbax_storage_errors()
     options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
                                            enable_async_checkpointing=True, create=True)
-    return ocp.CheckpointManager(directory, options=options,
-                                 item_names=("state", "data", "checksums"))
+    # the handlers named up front, so that a step's metadata can be read before any save or
+    # restore (restore_latest reads it to find the layout a checkpoint was written in)
+    return ocp.CheckpointManager(directory, options=options, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
+        "checksums": ocp.JsonCheckpointHandler()})
 
 
 def _check_writable(directory: epath.Path) -> None:
@@ -101,20 +108,55 @@ def _quiet_orbax_storage_errors() -> None:
 @jax.jit
 def state_checksums(state) -> jax.Array:
     """``(leaves, 2)`` uint32: per leaf of ``state``, the sum of its bits read as unsigned words
-    and their position-weighted sum ``sum (2 i + 1) w_i``, both mod 2^32. Integer sums are exact
-    in any order, so the numbers do not depend on how the leaf is sharded or on the mesh it is
-    restored onto; a flipped byte changes them. Saved with each checkpoint, checked at
-    restore: orbax itself reads damaged array bytes without complaint."""
-    def words(leaf):
-        x = jnp.ravel(leaf)
-        if x.dtype == jnp.bool_:
-            x = x.astype(jnp.uint8)
-        unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
-        x = jnp.ravel(jax.lax.bitcast_convert_type(x, unsigned)).astype(jnp.uint32)
-        weights = 2 * jnp.arange(x.shape[0], dtype=jnp.uint32) + 1
-        return jnp.stack([jnp.sum(x, dtype=jnp.uint32), jnp.sum(x * weights, dtype=jnp.uint32)])
+    and their position-weighted sum ``sum (2 i + 1) w_i``, both mod 2^32 (``i``: the word's
+    index in the leaf's row-major order). Integer sums are exact in any order, so the numbers
+    do not depend on how the leaf is sharded or on the mesh it is restored onto; a flipped byte
+    changes them. Saved with each checkpoint, checked at restore: orbax itself reads damaged
+    array bytes without complaint.
 
-    return jnp.stack([words(leaf) for leaf in jax.tree.leaves(state)])
+    Each device sums what it holds: the word index is built from broadcast iotas over the
+    leaf's own shape (never a ``ravel``, which would gather a leaf split on a non-leading
+    axis), so XLA's partitioner keeps every product and partial sum on the device holding the
+    words and all-reduces two scalars per leaf; the program's temporaries stay within the
+    largest shard (tests/test_reliability.py, FSDP on 8 devices).
+    """
+    return jnp.stack([_leaf_sums(leaf) for leaf in jax.tree.leaves(state)])
+
+
+def _leaf_sums(leaf) -> jax.Array:
+    """``[sum w_i, sum (2 i + 1) w_i]`` (uint32, mod 2^32) of one leaf's words (see
+    :func:`state_checksums`); 8-byte values are two words each, in memory order."""
+    x = jnp.asarray(leaf)
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[x.dtype.itemsize]
+    words = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)  # 8 bytes: (..., 2)
+    index = jnp.zeros((), jnp.uint32)
+    stride = 1
+    for axis in reversed(range(words.ndim)):  # row-major position, wrapping mod 2^32
+        position = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
+        index = index + position * jnp.uint32(stride % 2**32)
+        stride *= words.shape[axis]
+    weights = 2 * index + 1
+    # one variadic reduction: XLA fuses the words, the iotas and the product into it (two
+    # separate sums would keep the shared words of every leaf in memory at once)
+    total, weighted = jax.lax.reduce(
+        (words, words * weights), (jnp.uint32(0), jnp.uint32(0)),
+        lambda a, b: (a[0] + b[0], a[1] + b[1]), tuple(range(words.ndim)))
+    return jnp.stack([total, weighted])
+
+
+def leaf_name(path) -> str:
+    """A state leaf's path as ``a/b/c`` with the ``value`` of an NNX variable dropped, whether
+    the path comes from the train state (an attribute) or a restored tree (a dict key)."""
+    name = path_name(path)
+    return name[: -len("/value")] if name.endswith("/value") else name
+
+
+def checksum_record(state) -> dict[str, list[int]]:
+    """``{leaf name: [sum, weighted sum]}`` of :func:`state_checksums` (a device sync)."""
+    names = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return dict(zip(names, jax.device_get(state_checksums(state)).tolist(), strict=True))
 
 
 def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
@@ -132,11 +174,11 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
         return False
     if skipped_in_a_row is not None and int(skipped_in_a_row) > 0:
         return False
-    checksums = jax.device_get(state_checksums(state)).tolist()
-    return mgr.save(step, args=ocp.args.Composite(  # due: asked once (a sync point on a pod)
+    checksums = checksum_record(state)
+    return mgr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(data_iterator),
-        checksums=ocp.args.JsonSave({"state": checksums})), force=True)
+        checksums=ocp.args.JsonSave({"leaves": checksums})), force=True)
 
 
 SET_ASIDE = "checkpoints_set_aside"
@@ -197,12 +239,15 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     """``(state, step)`` from the newest restorable checkpoint (the iterator is restored in
     place), or ``(state_template, None)`` when there is none.
 
-    ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint that
+    ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint written
+    with the other layout of a tower's Transformer blocks (unrolled into scanned or back,
+    ``model.<tower>.scan``) is restored in its own layout and moved into the template's
+    (:func:`~contrastive_jax.training.models.scanned_layers.to_layout`). A checkpoint that
     cannot be read (truncated, corrupted) or holds a non-finite number is moved aside
     (:func:`set_aside`, with a warning) and the previous one is tried, so a rerun never meets
     it again. If none can be read: :class:`CheckpointError`, which says whether the
-    checkpoints hold a model of a different shape (a different config; nothing is moved) or
-    are all damaged.
+    checkpoints hold a model of a different shape or depth (a different config; nothing is
+    moved) or are all damaged.
     """
     steps = sorted(mgr.all_steps(), reverse=True)
     if not steps:
@@ -211,8 +256,9 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     failures, damaged = [], []
     for step in steps:
         try:
+            target, into_template = _restore_target(mgr, step, abstract)
             restored = mgr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract),
+                state=ocp.args.StandardRestore(target),
                 data=grain.checkpoint.CheckpointRestore(data_iterator)))
         except Exception as err:
             failures.append((step, err))
@@ -226,14 +272,15 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                  "recorded when it was saved (damaged files); trying the previous one")
             damaged.append((step, "damaged"))
             continue
-        if not bool(all_finite(restored["state"])):
+        state = into_template(restored["state"])
+        if not bool(all_finite(state)):
             warn(f"warning: checkpoint {step} in {mgr.directory} holds non-finite numbers; "
                  "trying the previous one")
             damaged.append((step, "non-finite"))
             continue
         for reason in ("damaged", "non-finite"):
             set_aside(mgr, [s for s, r in damaged if r == reason], reason, warn=warn)
-        return restored["state"], step
+        return state, step
     if not failures:
         raise CheckpointError(
             f"every checkpoint in {mgr.directory} (steps {steps}) holds non-finite numbers (a "
@@ -241,17 +288,64 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
 
 
+def _named_leaves(tree) -> dict[str, Any]:
+    """``{leaf name: leaf}`` (:func:`leaf_name`) of a state or a restored / metadata tree."""
+    return {leaf_name(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _restore_target(mgr: ocp.CheckpointManager, step: int, abstract):
+    """``(restore target, function from the restored tree to the template's)``: the abstract
+    template itself when the checkpoint has its layout (or its metadata cannot be read: the
+    restore then fails and says why), else the checkpoint's own tree of shape structs with
+    the template's shardings moved to that layout, and a jitted move back."""
+    try:
+        meta = mgr.item_metadata(step)["state"]
+        tree = getattr(meta, "tree", meta)
+        saved = _named_leaves(tree)
+    except Exception:
+        return abstract, lambda state: state
+    want = _named_leaves(abstract)
+    if set(saved) == set(want):
+        return abstract, lambda state: state
+    moved = scanned_layers.to_layout(want, saved, stack=scanned_layers.abstract_stack,
+                                     row=scanned_layers.abstract_row)
+    if set(moved) != set(saved) or any(tuple(moved[k].shape) != tuple(saved[k].shape)
+                                       for k in saved if hasattr(saved[k], "shape")):
+        return abstract, lambda state: state  # another model: the restore says so
+    target = jax.tree_util.tree_map_with_path(lambda path, _: moved[leaf_name(path)], tree)
+    names, treedef = list(want), jax.tree.structure(abstract)
+    shardings = {k: v.sharding for k, v in want.items()}
+
+    @functools.partial(jax.jit, out_shardings=shardings)
+    def into_layout(flat):
+        return scanned_layers.to_layout(flat, names, stack=jnp.stack)
+
+    def into_template(restored):
+        flat = into_layout(_named_leaves(restored))
+        return jax.tree.unflatten(treedef, [flat[k] for k in names])
+
+    return target, into_template
+
+
 def _checksums_match(mgr: ocp.CheckpointManager, step: int, state) -> bool:
-    """Whether the restored ``state`` has the :func:`state_checksums` saved with it (True for a
-    checkpoint saved without them, by a version before they were recorded)."""
+    """Whether the restored ``state`` (in the layout it was saved in) has the
+    :func:`state_checksums` saved with it: per leaf name (``{"leaves": ...}``), or, as
+    versions before 0.3 recorded them, a list in the state's tree order (``{"state": ...}``;
+    compared as a whole when the tree is the saved one, as a multiset when only the leaf
+    order can differ). True for a checkpoint saved without them."""
     if not (epath.Path(mgr.directory) / str(step) / "checksums").exists():
         return True
     try:
         saved = mgr.restore(step, args=ocp.args.Composite(
-            checksums=ocp.args.JsonRestore()))["checksums"]["state"]
+            checksums=ocp.args.JsonRestore()))["checksums"]
     except Exception:  # the record itself is damaged
         return False
-    return saved == jax.device_get(state_checksums(state)).tolist()
+    if "leaves" in saved:
+        return saved["leaves"] == checksum_record(state)
+    return saved.get("state") == jax.device_get(state_checksums(state)).tolist() or (
+        sorted(map(tuple, saved.get("state") or [])) ==
+        sorted(map(tuple, jax.device_get(state_checksums(state)).tolist())))
 
 
 def _paths(tree) -> set[str]:
@@ -274,9 +368,20 @@ def _explain(mgr, steps, state_template, failures) -> str:
         tree = getattr(meta, "tree", meta)
         have = sorted(tuple(m.shape) for m in jax.tree.leaves(tree) if hasattr(m, "shape"))
         layout = _paths(tree) ^ _paths(state_template)
+        depths = (scanned_layers.depths(_named_leaves(tree)),
+                  scanned_layers.depths(_named_leaves(state_template)))
     except Exception:
-        have, layout = None, set()
+        have, layout, depths = None, set(), ({}, {})
     top_level = {p.split("/")[0] for p in layout}
+    differ = sorted(k for k in depths[0].keys() & depths[1].keys()
+                    if k.startswith("params/") and depths[0][k] != depths[1][k])
+    if differ:
+        stack = differ[0]
+        tower = stack[len("params/"):-len("/blocks")].replace("/", ".")
+        return (f"the checkpoints in {mgr.directory} (steps {steps}) hold {depths[0][stack]} "
+                f"Transformer blocks in {stack[len('params/'):]} but this config builds "
+                f"{depths[1][stack]}: set model.{tower}.depth = {depths[0][stack]} to resume "
+                "them, or use a new --workdir")
     if have is not None and top_level - {"params", "rest", "opt_state", "extra"}:
         return (f"the checkpoints in {mgr.directory} (steps {steps}) were written with another "
                 f"train-state layout (entries {sorted(top_level)[:6]} differ): an older "

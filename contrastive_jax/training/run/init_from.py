@@ -20,7 +20,9 @@ The two kinds of ``path``:
   non-finite numbers is skipped with a warning, as a resume falls back (the other run's files
   are left as they are); none usable is a :class:`ConfigError` naming each.
 
-The source subtree must hold exactly the target's leaves: the same relative paths and shapes;
+The source subtree must hold exactly the target's leaves: the same relative paths and shapes,
+after the Transformer blocks of either layout (scanned, unrolled: ``model.<tower>.scan``) are
+put into the target's (:func:`~contrastive_jax.training.models.scanned_layers.to_layout`);
 values are cast to the parameter's dtype only where that is exact (``np.can_cast(..., "safe")``:
 float32 into a float64 test model, never float64 into float32). Where both subtrees are blocks
 of the model configs (``"encoder"`` and ``"sample_encoder"``, or the whole model), the blocks
@@ -52,6 +54,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import with_defaults
+from contrastive_jax.training.models.scanned_layers import to_layout
 from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
 
@@ -59,8 +62,10 @@ FIELDS = ("path", "source", "target")
 # model settings that do not change the function (compute dtype, rematerialisation), are
 # about training, or are initial values that the loaded parameters replace (the logit scale
 # and bias); left out when two model blocks are compared
-NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "frozen", "init_from", "init_temperature",
-                    "init_bias")
+NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "attention", "frozen", "init_from",
+                    "init_temperature", "init_bias")
+# a tower's settings of how its blocks are laid out and run, not what they compute
+NOT_ARCHITECTURE_OF_A_TOWER = ("scan",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +239,10 @@ def _block(model: Mapping[str, Any], subtree: str):
     if not subtree:  # the whole model: in today's names (config_record.upgrade)
         block = upgrade({"model": _plain(block)})["model"]
     block = with_defaults(_plain(block))  # a default left out equals one written out
-    return {k: v for k, v in block.items() if k not in NOT_ARCHITECTURE}
+    return {k: ({t: u for t, u in v.items() if t not in NOT_ARCHITECTURE_OF_A_TOWER}
+                if isinstance(v, Mapping) else v)
+            for k, v in block.items()
+            if k not in NOT_ARCHITECTURE and k not in NOT_ARCHITECTURE_OF_A_TOWER}
 
 
 def _plain(value):
@@ -277,6 +285,7 @@ def _mapped(spec: InitFrom, source: Mapping[str, np.ndarray], target: Mapping[st
     """``{target path: value}`` for every target leaf under ``spec.target``, from the source
     leaves under ``spec.source``: exactly the same relative paths and shapes."""
     want, have = _under(target, spec.target), _under(source, spec.source)
+    have = to_layout(have, want)  # scanned <-> unrolled Transformer blocks (model.<tower>.scan)
     out = {}
     for name in sorted(want):
         full = f"{spec.target}/{name}" if spec.target else name

@@ -7,12 +7,15 @@ The ``sharding`` block of a config::
                (MoCo's key encoder and queue) are split over ``fsdp_axis``, each leaf along
                its largest dimension that divides by the axis size
     fsdp_axis  the mesh axis the state is split over (default "data": ZeRO-3 / FSDP over the
-               data-parallel devices)
+               data-parallel devices); a scanned tower's stacked leaves (a leading layer
+               axis, models/scanned_layers.py) are split as each block's leaf would be, on
+               a dimension after the layer axis, never on it
     min_size   leaves with fewer elements stay replicated (default 2**14: splitting a bias of
                768 numbers over 256 devices only adds collectives)
     rules      ((regex, "replicated" | "fsdp" | partition spec), ...): exceptions, tried in
                order before the default; a regex matches (``re.search``) the leaf's path,
-               e.g. ``"params/sample_encoder/blocks/0/fc1/kernel"`` or
+               e.g. ``"params/sample_encoder/blocks/fc1/kernel"`` (scanned; unrolled:
+               ``".../blocks/0/fc1/kernel"``) or
                ``"opt_state/0/mu/log_scale"``; a partition spec is a tuple with one mesh axis
                name (or None) per dimension
 
@@ -43,6 +46,7 @@ from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS
+from contrastive_jax.training.models.scanned_layers import is_stacked
 
 MODES = ("replicated", "fsdp")
 DEFAULTS = {"params": "replicated", "fsdp_axis": DATA_AXIS, "min_size": 2**14, "rules": ()}
@@ -127,6 +131,8 @@ def leaf_spec(name: str, shape: Sequence[int], mesh: Mesh, values: Mapping[str, 
     if mode == "replicated":
         return P()
     if mode == "fsdp":
+        if is_stacked(name) and len(shape) > 1:  # one block's leaf, the layer axis kept whole
+            return P(None, *fsdp_spec(shape[1:], axis, mesh.shape[axis], values["min_size"]))
         return fsdp_spec(shape, axis, mesh.shape[axis], values["min_size"])
     if len(mode) != len(shape):
         raise ConfigError(f"sharding.rules: the spec {mode} for {name} has {len(mode)} entries "

@@ -67,8 +67,8 @@ from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters.converted_directory import save_converted
 from contrastive_jax.training.models.converters.open_clip_tensors import (
-    check_against_model,
     describe_sizes,
+    in_model_layout,
 )
 
 # big_vision's ViT variants (vit.decode_variant; its text towers use the same table):
@@ -424,8 +424,7 @@ def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
     if unused:
         raise ConfigError(f"array {unused[0]!r} of the checkpoint has no place in a big_vision "
                           f"SigLIP ({len(unused)} unused: {unused[:5]}); {_SUPPORTED}")
-    check_against_model(config, params)
-    return config, params
+    return config, in_model_layout(config, params)
 
 
 def convert(path: str | os.PathLike, *, activation: str = "gelu_tanh",

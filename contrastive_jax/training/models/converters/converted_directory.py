@@ -71,22 +71,32 @@ def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
 
 def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
     """``(model config, params)`` from a directory written by :func:`save_converted`; the
-    params are restored against the shapes of the model the config builds (so ``nnx.List``
-    indices come back as ints), float32 ``jax.Array`` s."""
+    params (float32 ``jax.Array`` s; ``nnx.List`` indices as ints) in the layout of the
+    model the config builds, whichever layout of the Transformer blocks they were saved in
+    (a directory converted before scanned layers holds unrolled blocks,
+    :mod:`~contrastive_jax.training.models.scanned_layers`)."""
     import jax
     import orbax.checkpoint as ocp
-    from flax import nnx
 
-    from contrastive_jax.training.models import build_model
+    from contrastive_jax.training.models.converters.open_clip_export import nested
+    from contrastive_jax.training.models.converters.open_clip_tensors import (
+        leaves_by_path,
+        model_leaves,
+    )
+    from contrastive_jax.training.models.scanned_layers import to_layout
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     with open(os.path.join(out_dir, "model.json")) as f:
         config = json.load(f)
-    model = nnx.eval_shape(lambda: build_model(config, nnx.Rngs(0)))
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                          nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-    params = ocp.StandardCheckpointer().restore(os.path.join(out_dir, "params"), target)
-    return config, params
+    checkpointer = ocp.StandardCheckpointer()
+    path = os.path.join(out_dir, "params")
+    stored = checkpointer.metadata(path)
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
+    flat = to_layout(leaves_by_path(checkpointer.restore(path, target)), model_leaves(config),
+                     stack=jax.numpy.stack)
+    return config, nested(flat)
 
 
 def converted_extras(out_dir: str | os.PathLike) -> tuple[dict | None, dict | None]:

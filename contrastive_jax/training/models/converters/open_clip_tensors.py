@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.scanned_layers import to_layout, unrolled
 
 Path = tuple[str | int, ...]
 # settings of the dual encoder and its towers that the models read, with the defaults of the
@@ -440,8 +441,7 @@ def params_from_state_dict(model_block: Mapping[str, Any],
     if unused:
         raise ConfigError(f"tensor {unused[0]!r} of the checkpoint has no place in the model "
                           f"block ({describe_sizes(model)}; {len(unused)} unused: {unused[:5]})")
-    check_against_model(model_block, params)
-    return params
+    return in_model_layout(model_block, params)
 
 
 def leaves_by_path(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -471,7 +471,7 @@ def state_dict_from_params(model_block: Mapping[str, Any],
     (e.g. an output layer) is a :class:`ConfigError` naming it.
     """
     model = resolved(model_block)
-    leaves = leaves_by_path(params)
+    leaves = unrolled(leaves_by_path(params))  # the rules name each block's own tensors
     used = set()
     out = {}
     for rule in rules(model):
@@ -497,17 +497,30 @@ def state_dict_from_params(model_block: Mapping[str, Any],
     return out
 
 
-def check_against_model(model_block: Mapping[str, Any], params: Mapping[str, Any]) -> None:
-    """``params`` has exactly the structure and shapes of the model ``model_block`` builds
-    (abstractly, nothing is initialised); a difference is a bug of the rules."""
+def model_leaves(model_block: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """``{"a/0/b": shape}`` of the parameters of the model ``model_block`` builds (abstractly,
+    nothing is initialised), in its layout of the Transformer blocks (scanned by default)."""
     from flax import nnx
 
     from contrastive_jax.training.models import build_model
 
-    model = nnx.eval_shape(lambda: build_model(architecture_block(model_block), nnx.Rngs(0)))
-    want = {k: tuple(v.shape) for k, v in
+    block = {k: v for k, v in architecture_block(model_block).items() if k != "attention"}
+    model = nnx.eval_shape(lambda: build_model(block, nnx.Rngs(0)))  # (any kernel: the shapes)
+    return {k: tuple(v.shape) for k, v in
             leaves_by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
-    got = {k: tuple(np.shape(v)) for k, v in leaves_by_path(params).items()}
+
+
+def in_model_layout(model_block: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
+    """``params`` (a nested mapping; the rules write one entry per Transformer block) in the
+    layout of the model ``model_block`` builds (its scanned towers' blocks stacked,
+    :func:`~contrastive_jax.training.models.scanned_layers.to_layout`), checked to have
+    exactly that model's structure and shapes (a difference is a bug of the rules)."""
+    from contrastive_jax.training.models.converters.open_clip_export import nested
+
+    want = model_leaves(model_block)
+    flat = to_layout(leaves_by_path(params), want)
+    got = {k: tuple(np.shape(v)) for k, v in flat.items()}
     if want != got:
         diff = sorted(set(want.items()) ^ set(got.items()))
         raise AssertionError(f"converted parameters do not match the model: {diff[:4]}")
+    return nested(flat)

@@ -21,8 +21,10 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.dropout import ExampleDropout, fold_each
+from contrastive_jax.training.models.encoders.attention import attention_function, check_attention
 from contrastive_jax.training.models.precision import cast
 from contrastive_jax.training.models.remat import checkpointed
+from contrastive_jax.training.models.scanned_layers import check_scan, scan_blocks, stacked
 
 ACTIVATIONS = {
     # Flax's default nnx.gelu: the tanh approximation (this project's towers before CLIP import)
@@ -51,27 +53,6 @@ def mlp_hidden(width: int, mlp_ratio: int, mlp_width: int | None) -> int:
     return mlp_width
 
 
-def attention(query: jax.Array, key: jax.Array, value: jax.Array, bias=None,
-              mask: jax.Array | None = None, **_) -> jax.Array:
-    """Scaled dot-product attention ``softmax(q k^T / sqrt(d)) v`` with the softmax in
-    ``promote_types(dtype, float32)``.
-
-    ``query (..., T, heads, d)``, ``key`` and ``value (..., S, heads, d)``, ``mask``
-    broadcastable to ``(..., heads, T, S)`` (True: attend). ``jax.nn.dot_product_attention``
-    (Flax's default) always takes the softmax in float32, which rounds a float64 model to
-    float32; here float64 stays float64 (the exactness tests of gradient accumulation rely on
-    it) and half precision is still promoted to float32.
-    """
-    del bias  # no additive bias in these towers (MultiHeadAttention passes None)
-    dtype = jnp.promote_types(query.dtype, jnp.float32)
-    logits = jnp.einsum("...qhd,...khd->...hqk", query, key).astype(dtype)
-    logits = logits / jnp.sqrt(jnp.asarray(query.shape[-1], dtype))
-    if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(dtype).min)
-    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-    return jnp.einsum("...hqk,...khd->...qhd", weights, value)
-
-
 class Block(nnx.Module):
     """``x + MHA(LN(x))``, then ``x + fc2(act(fc1(LN(x))))`` (hidden ``mlp_ratio * width`` or
     ``mlp_width``), as CLIP's ``ResidualAttentionBlock`` ([CLIP]).
@@ -81,19 +62,22 @@ class Block(nnx.Module):
     :data:`ACTIVATIONS`; ``layer_norm_eps``: both LayerNorms' epsilon (Flax's default 1e-6,
     torch's 1e-5). ``dtype``: the compute dtype (:mod:`.precision`; ``None``: the parameters'
     own); the parameters are float32 either way and LayerNorm's statistics and the softmax
-    float32.
+    float32. ``attention``: the kernel (:mod:`.attention`, ``model.attention``); ``causal``:
+    token ``t`` attends to tokens ``<= t`` only (CLIP's text tower).
     """
 
     def __init__(self, width: int, heads: int, mlp_ratio: int, dropout: float, *,
                  activation: str = "gelu_tanh", layer_norm_eps: float = 1e-6,
-                 mlp_width: int | None = None, dtype=None, rngs: nnx.Rngs):
+                 mlp_width: int | None = None, dtype=None, attention: str = "auto",
+                 causal: bool = False, rngs: nnx.Rngs):
         if width % heads:
             raise ConfigError(f"width {width} must be a multiple of heads {heads}")
         hidden = mlp_hidden(width, mlp_ratio, mlp_width)
         self.norm1 = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
-        self.attention = nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs,
-                                                keep_rngs=False, attention_fn=attention,
-                                                dtype=dtype)
+        self.attention = nnx.MultiHeadAttention(
+            heads, width, decode=False, rngs=rngs, keep_rngs=False, dtype=dtype,
+            attention_fn=attention_function(check_attention(attention, dtype=dtype),
+                                            causal=causal))
         self.norm2 = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.fc1 = nnx.Linear(width, hidden, dtype=dtype, rngs=rngs)
         self.fc2 = nnx.Linear(hidden, width, dtype=dtype, rngs=rngs)
@@ -109,13 +93,32 @@ class Block(nnx.Module):
         return x + self.dropout(h, keys=fold_each(dropout_keys, 1), train=train)
 
 
+def make_blocks(depth: int, scan: bool, *args, rngs: nnx.Rngs, **kwargs):
+    """``depth`` :class:`Block` s (``Block(*args, **kwargs)``, drawn in order from ``rngs``):
+    an ``nnx.List`` (``scan=False``, parameters ``blocks/<i>/...``) or the same blocks stacked
+    into one module (``scan=True``, parameters ``blocks/...`` with a leading layer axis,
+    :mod:`~contrastive_jax.training.models.scanned_layers`)."""
+    blocks = [Block(*args, **kwargs, rngs=rngs) for _ in range(depth)]
+    if not scan:
+        return nnx.List(blocks)
+    if depth < 1:
+        raise ConfigError(f"scan=True needs at least one block; got depth {depth}")
+    return stacked(blocks)
+
+
 def run_blocks(blocks, h: jax.Array, mask: jax.Array | None, *, train: bool,
-               dropout_keys: jax.Array | None, remat_policy: str | None) -> jax.Array:
+               dropout_keys: jax.Array | None, remat_policy: str | None,
+               scan: bool = False) -> jax.Array:
     """``h (B, T, width)`` through each :class:`Block` in turn (block ``i`` folds ``i`` into the
-    dropout keys), each rematerialised under ``remat_policy`` (:mod:`.remat`; ``None``: off)."""
+    dropout keys), each rematerialised under ``remat_policy`` (:mod:`.remat`; ``None``: off);
+    with ``scan``, ``blocks`` is the stacked module of :func:`make_blocks` and the blocks run as
+    one ``lax.scan`` (:func:`~contrastive_jax.training.models.scanned_layers.scan_blocks`)."""
     def block_fn(block, h, mask, keys):
         return block(h, mask, train=train, dropout_keys=keys)
 
+    if scan:
+        return scan_blocks(blocks, lambda block, h, i: block_fn(
+            block, h, mask, fold_each(dropout_keys, i)), h, policy=remat_policy)
     step = checkpointed(block_fn, remat_policy)
     for depth, block in enumerate(blocks):
         h = step(block, h, mask, fold_each(dropout_keys, depth))
@@ -139,7 +142,8 @@ class MapHead(nnx.Module):
         z = x[:, 0]
 
     ``MHA``: ``heads`` heads of ``width / heads``, ``softmax(q k^T / sqrt(width / heads)) v``
-    by :func:`attention` (a float64 model stays float64). Parameters: ``latent (1, 1, width)``;
+    by the kernel ``attention`` names (:mod:`.attention`; a float64 model stays float64).
+    Parameters: ``latent (1, 1, width)``;
     ``attention/{query,key,value}/kernel (width, heads, width / heads)`` and ``bias (heads,
     width / heads)`` (timm's ``q.weight`` and the two halves of ``kv.weight``, rows ``[0, width)``
     the key and ``[width, 2 width)`` the value, each output index ``head * (width / heads) + d``);
@@ -147,19 +151,20 @@ class MapHead(nnx.Module):
     ``norm`` (LayerNorm, epsilon ``layer_norm_eps``); ``fc1 (width, hidden)``, ``fc2 (hidden,
     width)`` with biases (timm's ``mlp``). ``activation``: a key of :data:`ACTIVATIONS`;
     ``dtype``: the compute dtype (:mod:`.precision`), as :class:`Block`. No dropout (timm's
-    ``proj_drop`` is 0 in its ViTs).
+    ``proj_drop`` is 0 in its ViTs). ``attention``: as :class:`Block`.
     """
 
     def __init__(self, width: int, heads: int, hidden: int, *, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-6, dtype=None, rngs: nnx.Rngs):
+                 layer_norm_eps: float = 1e-6, dtype=None, attention: str = "auto",
+                 rngs: nnx.Rngs):
         if width % heads:
             raise ConfigError(f"width {width} must be a multiple of heads {heads}")
         # timm: trunc_normal_tf_(latent, std=width ** -0.5), truncated at 2 standard deviations
         self.latent = nnx.Param(width ** -0.5 * jax.random.truncated_normal(
             rngs.params(), -2.0, 2.0, (1, 1, width)))
-        self.attention = nnx.MultiHeadAttention(heads, width, decode=False, rngs=rngs,
-                                                keep_rngs=False, attention_fn=attention,
-                                                dtype=dtype)
+        self.attention = nnx.MultiHeadAttention(
+            heads, width, decode=False, rngs=rngs, keep_rngs=False, dtype=dtype,
+            attention_fn=attention_function(check_attention(attention, dtype=dtype)))
         self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.fc1 = nnx.Linear(width, hidden, dtype=dtype, rngs=rngs)
         self.fc2 = nnx.Linear(hidden, width, dtype=dtype, rngs=rngs)
@@ -210,8 +215,12 @@ class ViT(nnx.Module):
     instead of the mean of the LayerNorms. Dropout (``dropout > 0`` and ``train``) needs
     ``dropout_keys``: one PRNG key per example (:mod:`.dropout`). ``dtype``: the compute dtype
     (:mod:`.precision`); ``remat_policy``: each block rematerialised under that policy
-    (:mod:`.remat`; ``None``: off; the attention-pool head is not). Both are set from
-    ``config.model`` by :func:`~contrastive_jax.training.models.build_model`.
+    (:mod:`.remat`; ``None``: off; the attention-pool head is not); ``attention``: the
+    attention kernel (:mod:`.attention`). The three are set from ``config.model`` by
+    :func:`~contrastive_jax.training.models.build_model`. ``scan=True`` (default): the blocks
+    stacked and run as one ``lax.scan`` (parameters ``blocks/<name>`` with a leading layer
+    axis); ``scan=False``: unrolled (``blocks/<i>/<name>``); the same function, initial values
+    and randomness either way (:mod:`~contrastive_jax.training.models.scanned_layers`).
     """
 
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
@@ -219,8 +228,8 @@ class ViT(nnx.Module):
                  features: int | None = 128, class_token: bool = False, pre_norm: bool = False,
                  pool: str = "mean", patch_bias: bool = True, activation: str = "gelu_tanh",
                  layer_norm_eps: float = 1e-6, mlp_width: int | None = None,
-                 norm_after_pool: bool = False, dtype=None, remat_policy: str | None = None,
-                 rngs: nnx.Rngs):
+                 norm_after_pool: bool = False, scan: bool = True, dtype=None,
+                 remat_policy: str | None = None, attention: str = "auto", rngs: nnx.Rngs):
         if image_size % patch:
             raise ConfigError(f"image_size {image_size} must be a multiple of patch {patch}")
         if pool not in VIT_POOLS:
@@ -241,14 +250,15 @@ class ViT(nnx.Module):
                                 if class_token else None)
         self.norm_pre = (nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
                          if pre_norm else None)
-        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, activation=activation,
-                                      layer_norm_eps=layer_norm_eps, mlp_width=mlp_width,
-                                      dtype=dtype, rngs=rngs)
-                                for _ in range(depth)])
+        self.scan = check_scan(scan, "vit")
+        self.blocks = make_blocks(depth, scan, width, heads, mlp_ratio, dropout,
+                                  activation=activation, layer_norm_eps=layer_norm_eps,
+                                  mlp_width=mlp_width, dtype=dtype, attention=attention,
+                                  rngs=rngs)
         self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.map_head = (MapHead(width, heads, mlp_hidden(width, mlp_ratio, mlp_width),
                                  activation=activation, layer_norm_eps=layer_norm_eps,
-                                 dtype=dtype, rngs=rngs)
+                                 dtype=dtype, attention=attention, rngs=rngs)
                          if pool == "map" else None)
         self.out, self.features = _output_layer(width, features, dtype, rngs)
         self.image_size, self.in_channels, self.pool = image_size, in_channels, pool
@@ -269,7 +279,7 @@ class ViT(nnx.Module):
         if self.norm_pre is not None:
             h = self.norm_pre(h)
         h = run_blocks(self.blocks, h, None, train=train, dropout_keys=dropout_keys,
-                       remat_policy=self.remat_policy)
+                       remat_policy=self.remat_policy, scan=self.scan)
         patches = h[:, int(self.class_embedding is not None):]  # timm / open_clip pool these
         if self.pool == "token":
             z = self.norm(h[:, 0])
@@ -317,8 +327,9 @@ class TextTransformer(nnx.Module):
                  heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
                  features: int | None = 128, causal: bool = False, pool: str = "mean",
                  eos_id: int | None = None, activation: str = "gelu_tanh",
-                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None, dtype=None,
-                 remat_policy: str | None = None, rngs: nnx.Rngs):
+                 layer_norm_eps: float = 1e-6, mlp_width: int | None = None, scan: bool = True,
+                 dtype=None, remat_policy: str | None = None, attention: str = "auto",
+                 rngs: nnx.Rngs):
         if pool not in TEXT_POOLS:
             raise ConfigError(f"TextTransformer pool must be one of {list(TEXT_POOLS)}; got "
                               f"{pool!r}")
@@ -336,10 +347,11 @@ class TextTransformer(nnx.Module):
         self.tokens = nnx.Embed(vocab_size, width, rngs=rngs)
         self.positions = nnx.Param(0.02 * jax.random.normal(rngs.params(),
                                                             (1, max_tokens, width)))
-        self.blocks = nnx.List([Block(width, heads, mlp_ratio, dropout, activation=activation,
-                                      layer_norm_eps=layer_norm_eps, mlp_width=mlp_width,
-                                      dtype=dtype, rngs=rngs)
-                                for _ in range(depth)])
+        self.scan = check_scan(scan, "text_transformer")
+        self.blocks = make_blocks(depth, scan, width, heads, mlp_ratio, dropout,
+                                  activation=activation, layer_norm_eps=layer_norm_eps,
+                                  mlp_width=mlp_width, dtype=dtype, attention=attention,
+                                  causal=causal, rngs=rngs)
         self.norm = nnx.LayerNorm(width, epsilon=layer_norm_eps, dtype=dtype, rngs=rngs)
         self.out, self.features = _output_layer(width, features, dtype, rngs)
         self.vocab_size, self.max_tokens = vocab_size, max_tokens
@@ -354,18 +366,15 @@ class TextTransformer(nnx.Module):
         if not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ConfigError(f"token ids must be integers; got {tokens.dtype}")
         real = tokens != 0
-        mask = real[:, None, None, :] if self.pool == "mean" else None  # (B, heads, query, key)
-        if self.causal:
-            order = jnp.arange(self.max_tokens)
-            causal = (order[None, :] <= order[:, None])[None, None]  # key <= query
-            mask = causal if mask is None else mask & causal
+        # (B, heads, query, key); the causal part is the blocks' own (Block(causal=...))
+        mask = real[:, None, None, :] if self.pool == "mean" else None
         # the lookup in the table's own dtype (nnx.Embed casts to the dtype it was built with,
         # which would turn a float64 model's gradient sums into float32 ones)
         # (then cast to the compute dtype; no-op by default)
         h = cast(jnp.take(self.tokens.embedding[...], tokens, axis=0) + self.positions[...],
                  self.dtype)
         h = run_blocks(self.blocks, h, mask, train=train, dropout_keys=dropout_keys,
-                       remat_policy=self.remat_policy)
+                       remat_policy=self.remat_policy, scan=self.scan)
         if self.pool == "mean":
             h = self.norm(h) * real[..., None]
             z = h.sum(1) / jnp.maximum(real.sum(1, keepdims=True), 1)

@@ -3,8 +3,10 @@
 Every run writes its whole config (after variants and command-line overrides) to
 ``workdir/config.json`` at start. A run that resumes from the workdir's checkpoints compares its
 config with the recorded one: a difference outside :data:`MAY_CHANGE` (the run's length,
-logging, checkpointing, evaluation, profiling, launch settings, where the data lives, and the
-mesh and the state's sharding, which a checkpoint restores onto whatever they are) would silently
+logging, checkpointing, evaluation, profiling, launch settings, where the data lives, the
+mesh and the state's sharding, which a checkpoint restores onto whatever they are, and how the
+Transformer blocks run: the attention kernel and the scanned or unrolled layout, which a
+checkpoint restores into either way) would silently
 continue another experiment, so it stops with the list of differences, unless the change is
 accepted (``--accept_config_change``); the replaced record is then kept as
 ``config-before-step-<N>.json``. Both files are read and written through
@@ -19,7 +21,8 @@ sides before comparing), so a workdir keeps resuming across a rename of its conf
 - ``model.momentum`` -> ``moco.momentum``, ``model.queue_size`` -> ``moco.queue_size`` (MoCo's
   settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`);
 - fields added since, at the value that reproduces the old run (:data:`ADDED_FIELDS`:
-  ``data.worker_count`` = 0; the ``profile`` block, off).
+  ``data.worker_count`` = 0; the ``profile`` block, off; ``transfer_guard`` = "allow";
+  ``log_model_flops`` = True).
 
 ``data.worker_count`` never changes on a resume, even when accepted: the saved data stream
 holds each worker's position, so another count cannot continue it.
@@ -45,11 +48,13 @@ from contrastive_jax.training.run.workdir import json_output
 
 RECORD = "config.json"
 # fields records written before them lack (a path of keys): the value that reproduces them
-ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS}
+ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS,
+                ("transfer_guard",): "allow", ("log_model_flops",): True}
 FIXED_ON_RESUME = ("data.worker_count",)
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
               "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir", "mesh",
-              "sharding", "profile")
+              "sharding", "profile", "transfer_guard", "log_model_flops", "model.attention",
+              "model.encoder.scan", "model.sample_encoder.scan", "model.text_encoder.scan")
 
 
 def plain(config: ml_collections.ConfigDict | Mapping) -> dict[str, Any]:
