@@ -13,8 +13,10 @@ A GPU cluster is ``NODESxGPUS:MEMORY``: ``4x8:80GiB`` (memory per GPU in GiB) or
 JAX's "GPU memory allocation" guide), so a GPU target's usable memory is that fraction.
 
 Peak FLOP/s are the vendors' dense bf16 figures per chip (Cloud TPU system architecture pages;
-NVIDIA A100 and H100 SXM datasheets); the plan's step time divides the step's FLOPs by a stated
-fraction of them (model-FLOPs utilisation).
+NVIDIA A100, H100 and H200 SXM datasheets); the plan's step time divides the step's FLOPs by a
+stated fraction of them (model-FLOPs utilisation), and the trainer's progress line divides the
+model FLOP/s it measures by the peak of the chip it runs on (:func:`device_peak_flops`, from
+JAX's ``device_kind``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ GPUS = {
     "a100-80": (81920 * MiB, 312e12),
     "h100": (81559 * MiB, 989e12),
 }
+# JAX's device_kind of each chip (as jax.devices()[0].device_kind reads), the start of the
+# string -> dense bf16 FLOP/s per chip; the first match wins (longer prefixes first)
+DEVICE_KIND_PEAKS = (
+    ("TPU v6 lite", 918e12), ("TPU v6e", 918e12), ("TPU v5 lite", 197e12), ("TPU v5e", 197e12),
+    ("TPU v5p", 459e12), ("TPU v5", 459e12), ("TPU v4", 275e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H100", 989e12), ("NVIDIA GH200", 989e12),
+    ("NVIDIA A100", 312e12),
+)
 JAX_GPU_MEMORY_FRACTION = 0.75  # JAX's default preallocation on a GPU
 MEMORY_FRACTION_VARIABLES = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
@@ -138,3 +148,13 @@ def gpu_cluster(spec: str, memory_fraction: float | None = None) -> Target:
         size = int(float(amount[1]) * (GiB if amount[2] != "gb" else 10**9))
         peak, kind = None, "GPU"
     return Target(spec, kind, nodes * per_node, nodes, size, fraction, peak)
+
+
+def device_peak_flops(device_kind: str) -> float | None:
+    """The dense bf16 FLOP/s of one chip of JAX's ``device_kind`` (``"TPU v4"``, ``"NVIDIA
+    H100 80GB HBM3"``, ...), or ``None`` for a kind without a published figure here (the CPU:
+    its MFU is "n/a")."""
+    for prefix, peak in DEVICE_KIND_PEAKS:
+        if device_kind.startswith(prefix):
+            return peak
+    return None

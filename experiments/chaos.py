@@ -72,10 +72,9 @@ def command(config: str, workdir: pathlib.Path, steps: int, every: int) -> list[
 
 def logged_step(workdir: pathlib.Path) -> int:
     """The last step the run logged (metrics.jsonl), 0 if none."""
-    path = workdir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    from contrastive_jax.training.run.progress import read_metrics_lines
+
+    lines = [json.loads(line) for line in read_metrics_lines(workdir) if line.strip()]
     return max((r["step"] for r in lines if r.get("prefix") == "train"), default=0)
 
 

@@ -1,6 +1,7 @@
 """Launch settings, and 2 processes x 2 CPU devices on loopback agreeing with one process."""
 
 import json
+import os
 import pathlib
 import signal
 import socket
@@ -22,6 +23,7 @@ from contrastive_jax.training.run.distributed import Launch, initialize, launch_
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
+import emulated_transfer_guard  # noqa: E402
 import multihost_worker  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
 
@@ -179,15 +181,21 @@ def test_a_dead_process_stops_the_other_within_bounded_time():
 
 def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     """2 processes x 1 CPU device train together; SIGTERM reaches only process 1. Both must
-    agree on the step, save one checkpoint there and exit 0; the run then resumes from it."""
+    agree on the step (through the coordination service's key-value store, no device
+    collective: between the log steps every 3 steps each process runs under the emulated
+    device-to-host transfer guard, tests/emulated_transfer_guard.py), save one checkpoint
+    there and exit 0; the run then resumes from it."""
     port = str(_free_port())
     workdir = tmp_path / "run"
+    guard = {"PYTHONPATH": os.pathsep.join(
+        [str(emulated_transfer_guard.site_folder(tmp_path)), os.environ.get("PYTHONPATH", "")])}
 
     def start(i):
         return _cli_process(i, port, [
             "--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
             "--config.total_steps=400", "--config.checkpoint_every=1000",
-            "--config.log_every=1", "--config.evaluation.enabled=False"])
+            "--config.log_every=3", "--config.evaluation.enabled=False",
+            "--config.transfer_guard=disallow"], guard)
 
     procs = [start(0), start(1)]
     metrics = workdir / "metrics.jsonl"
@@ -206,17 +214,20 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
             p.wait()
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert "stopped by a signal to another process after step" in outs[0][0]
+    assert not any("GuardedRead" in err for _, err in outs)
     stopped = int(outs[0][0].split("after step ")[1].split(":")[0])
     assert stopped < 400
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == stopped
 
 
-def _cli_process(i: int, port: str, args: list[str]) -> subprocess.Popen:
+def _cli_process(i: int, port: str, args: list[str],
+                 env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""
     env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
-               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
+               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i),
+               **(env_extra or {}))
     return subprocess.Popen([sys.executable, "-m", "contrastive_jax.main", *args], env=env,
                             cwd=pathlib.Path(__file__).resolve().parents[1],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

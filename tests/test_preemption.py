@@ -117,3 +117,72 @@ def test_the_trainer_names_the_signal_that_stopped_its_final_evaluation(tmp_path
     assert stopped["stopped_at"] == config.total_steps
     assert "stopped by SIGTERM during the final evaluation: the training is finished" in out
     assert "Failed to construct" not in out and not (tmp_path / "results.json").exists()
+
+
+class FakeStore:
+    """The coordination service's key-value store, shared by simulated processes: set (no
+    overwrite), list a directory, blocking get (a missing key is a deadline error)."""
+
+    def __init__(self):
+        self.values, self.calls, self.blocking = {}, [], 0
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        assert allow_overwrite or key not in self.values, key
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+        self.calls.append(prefix)
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        self.blocking += 1
+        if key not in self.values:
+            raise TimeoutError(f"DEADLINE_EXCEEDED {key}")
+        return self.values[key]
+
+
+def test_processes_agree_on_one_step_after_the_largest_any_of_them_had_reached():
+    """Three processes whose hosts run 0, 1 and 2 steps apart (each checks once a step, in
+    turn); process 2 is signalled at its step 10. Each posts its step at its first check that
+    sees the request (10, 12, 13) and all stop after 13 + WINDOW = 15, the same step on every
+    process, each knowing it before getting there; no process waits on the store (every
+    ``at`` arrives within the window) and none asks it more than twice a step."""
+    store = FakeStore()
+    agree = [preemption.CoordinatedStop(store, p, 3, timeout_s=1, prefix="t/1")
+             for p in range(3)]
+    ahead = {0: 2, 1: 1, 2: 0}  # how many steps each host is ahead of process 2's
+    stopped, known = {}, {}
+    for tick in range(1, 20):
+        for p in (0, 1, 2):
+            step = tick + ahead[p]
+            if p in stopped:
+                continue
+            if agree[p].should_stop(step, signalled=p == 2 and step >= 10):
+                stopped[p] = step
+            if agree[p].stop_at is not None:
+                known.setdefault(p, step)
+    assert stopped == {0: 15, 1: 15, 2: 15}
+    assert all(step <= 15 for step in known.values())
+    assert store.values["t/1/request/2"] == "10"
+    assert {k: v for k, v in store.values.items() if "/at/" in k} == {
+        "t/1/at/2": "10", "t/1/at/1": "12", "t/1/at/0": "13"}
+    assert store.blocking == 0
+    assert len(store.calls) <= 2 * 3 * 16
+
+
+def test_a_process_that_never_answers_is_an_error_naming_it():
+    store = FakeStore()
+    first = preemption.CoordinatedStop(store, 0, 2, timeout_s=0.001, prefix="t/2")
+    assert first.should_stop(3, signalled=False) is False
+    assert first.should_stop(4, signalled=True) is False  # posts; process 1 may answer
+    assert first.should_stop(5, signalled=True) is False
+    with pytest.raises(RuntimeError, match="process 1 did not say which step it is at"):
+        first.should_stop(6, signalled=True)  # at + WINDOW: it must know by now
+
+
+def test_the_stop_check_of_one_process_reads_nothing_from_the_device(monkeypatch):
+    """One process: the flag alone (no store, no device), whatever the guard says."""
+    with jax.transfer_guard_device_to_host("disallow"), StopSignal(sync_point=False) as stop:
+        assert stop.should_stop(1) is False
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.should_stop(2) is True

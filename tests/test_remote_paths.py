@@ -23,6 +23,7 @@ from etils import epath
 from contrastive_jax.errors import ConfigError, WorkdirError
 from contrastive_jax.training import train
 from contrastive_jax.training.run import preemption
+from contrastive_jax.training.run.progress import read_metrics_lines
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -146,7 +147,7 @@ def test_a_run_on_gs_writes_only_to_the_bucket_and_resumes_from_it(gcs, tmp_path
     assert {"checkpoints/3/state/_METADATA", "checkpoints/6/state/_METADATA",
             "config.json", "metrics.jsonl", "results.json"} <= set(objects), objects
     assert json.loads((run / "config.json").read_text())["total_steps"] == 6
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in read_metrics_lines(run)]
     train_steps = [x["step"] for x in lines if x["prefix"] == "train"]
     assert train_steps == [1, 2, 3, 4, 5, 6]  # the resumed run appended to the first's lines
     events = [o for o in objects if o.startswith("tensorboard/events.out.tfevents.")]

@@ -170,13 +170,17 @@ def test_command_line_runs_reports_and_resumes(tmp_path):
          "--config.total_steps=4", "--config.checkpoint_every=2"], cwd=REPO, env=env,
         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "step      4/4 | loss" in run.stdout and "ex/s | ETA" in run.stdout
+    assert "step      4/4 | loss" in run.stdout and "ex/s (" in run.stdout
+    assert "TFLOP/s/chip | MFU n/a | ETA" in run.stdout  # the CPU: no peak to divide by
     assert "linear_probe" in run.stdout
     first = json.loads((tmp_path / "results.json").read_text())
     assert first["steps"] == 4 and first["resumed_from"] is None and first["devices"] == 1
     assert 0.1 < first["linear_probe"] <= 1 and 0.1 < first["knn"] <= 1
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["prefix"] == "train"] == [2, 4]
+    last = [r for r in lines if r["prefix"] == "train"][-1]
+    assert {"step_s", "examples_per_s", "examples_per_s_per_chip",
+            "model_tflops_per_chip"} <= set(last) and "mfu" not in last
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     # the same workdir, now on 8 devices and with more steps: resumes from step 4 (evaluation,
     # which a resume may change, off: the 6-step train step is the suite's shared program)

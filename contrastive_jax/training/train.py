@@ -50,6 +50,7 @@ import optax
 from etils import epath
 from jax.sharding import Mesh
 
+from contrastive_jax.accelerators import device_peak_flops
 from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training.data import open_split, train_iterator
@@ -74,6 +75,7 @@ from contrastive_jax.training.run.workdir.config_record import (
 )
 from contrastive_jax.training.run.workdir.workdir_lock import workdir_lock
 from contrastive_jax.training.run.workdir.workdir_path import workdir_path
+from contrastive_jax.training.step import model_flops
 from contrastive_jax.training.step.accumulation import accumulation_steps
 from contrastive_jax.training.step.state_sharding import state_shardings
 from contrastive_jax.training.step.train_state import TrainState, create_state, params_digest
@@ -224,7 +226,9 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
               f"{run.workdir / 'results.json'}")
         ckpt.close()
         return previous
-    progress = Progress(run.workdir, run.steps, run.batch_size, run.config.log_every, first)
+    progress = Progress(run.workdir, run.steps, run.batch_size, run.config.log_every, first,
+                        chips=int(run.mesh.devices.size),
+                        peak_flops=device_peak_flops(run.mesh.devices.flat[0].device_kind))
     progress.message(_start_line(run, resumed))
     for line in loaded:
         progress.message(line)
@@ -285,7 +289,16 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
           resumed: int | None) -> _LoopEnd:
     """Steps ``first + 1 .. steps``: train, log, checkpoint, evaluate every
     ``evaluation.every`` steps, stop (after a checkpoint) on a signal, and stop with a
-    :class:`NonFiniteError` after ``max_skipped_in_a_row`` skipped updates."""
+    :class:`NonFiniteError` after ``max_skipped_in_a_row`` skipped updates.
+
+    Between its sync points the loop never waits for the device: a step is dispatched, the
+    previous step's skip counter read (the one-step-delayed guard: the device has the new
+    step queued meanwhile), the stop decision taken on the host (:class:`StopSignal`), and
+    the next batch prepared. The sync points, each in :func:`_sync_point`: the first step
+    (compilation), the guard read, a logging step, a checkpoint save, an evaluation, a profiled
+    window's ends. Everything else runs under ``jax.transfer_guard_device_to_host(
+    config.transfer_guard)`` ("allow" by default; "disallow" makes any other device read an
+    error, tests/test_host_sync.py)."""
     config, stream = run.config, run.stream
     step_fn = run.step_fn(state)
     window = MetricWindow()
@@ -294,39 +307,71 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
     limit = config.max_skipped_in_a_row
     every = config.evaluation.every if config.evaluation.enabled else 0
     pending = None
-    with StopSignal() as stop, profiling.StepProfiler(run.profile, run.workdir, first + 1,
-                                                      progress.message) as profile:
+    guard = config.get("transfer_guard", "allow")
+    flops = model_flops.Counter(config, run.mesh, run.method, run.steps)
+    with StopSignal(timeout_s=_stop_timeout(config)) as stop, profiling.StepProfiler(
+            run.profile, run.workdir, first + 1, progress.message) as profile, \
+            jax.transfer_guard_device_to_host(guard):
         for step in range(first + 1, run.steps + 1):
-            profile.before_step(step)  # a trace of the window's steps, batch included
+            with _sync_point("profile"):
+                profile.before_step(step)  # a trace of the window's steps, batch included
             batch = next(stream)
             if step == first + 1:
                 progress.message(f"compiling the train step ({'restored' if resumed else 'fresh'}"
                                  " state; the first step includes compilation)...")
+                flops.start(state, batch)  # model FLOPs, counted beside the compile
             state, metrics = step_fn(state, batch)
-            profile.after_step(step, (state, metrics))
+            # on the host, before this step's device reads: another process may be waiting
+            # for this one's answer (CoordinatedStop)
+            stopping = stop.should_stop(step)
+            with _sync_point("profile"):
+                profile.after_step(step, (state, metrics))
             window.add(metrics)
-            if pending is not None:  # the previous step's guard, read while this one runs
-                check_skipped_updates(*pending, limit)
+            if pending is not None and limit:  # the previous step's guard, read while this
+                with _sync_point("guard"):     # one runs
+                    check_skipped_updates(*pending, limit)
             pending = (step, metrics["skipped_in_a_row"])
             if step == first + 1:  # compiled: time the rest
-                jax.block_until_ready(metrics)
+                with _sync_point("compiled"):
+                    jax.block_until_ready(metrics)
                 progress.message(f"compiled and ran step {step} in "
                                  f"{time.perf_counter() - clock.train_start:.1f} s")
                 progress.restart_clock(step)
                 clock.train_start = time.perf_counter()
             if progress.due(step):
-                progress.log_train(step, window.mean())
-            if stop.should_stop(step):
-                check_skipped_updates(*pending, limit)
-                checkpoints.save(ckpt, step, state, stream, force=True)
+                with _sync_point("log"):
+                    progress.set_model_flops(*flops.result())
+                    progress.log_train(step, window.mean())
+            if stopping:
+                with _sync_point("stop"):
+                    check_skipped_updates(*pending, limit)
+                    checkpoints.save(ckpt, step, state, stream, force=True)
                 return _LoopEnd(state, metrics, clock, evaluations, step, stop.cause())
-            checkpoints.save(ckpt, step, state, stream, force=step == run.steps,
-                             skipped_in_a_row=metrics["skipped_in_a_row"] if limit else None)
+            if step == run.steps or ckpt.should_save(step):  # due: asked once (host only)
+                with _sync_point("checkpoint"):
+                    checkpoints.save(ckpt, step, state, stream, force=True,
+                                     skipped_in_a_row=metrics["skipped_in_a_row"] if limit
+                                     else None)
             if every and step % every == 0 and step != run.steps:
-                evaluations.append(_evaluate_at(run, state, step, progress, clock))
+                with _sync_point("evaluation"):
+                    evaluations.append(_evaluate_at(run, state, step, progress, clock))
         if pending is not None:
-            check_skipped_updates(*pending, limit, run_ended=True)
+            with _sync_point("guard"):
+                check_skipped_updates(*pending, limit, run_ended=True)
     return _LoopEnd(state, metrics, clock, evaluations)
+
+
+def _sync_point(what: str):
+    """A place where the loop reads from the device on purpose (``what``: which of the loop's
+    sync points, for a reader): device-to-host transfers allowed whatever
+    ``config.transfer_guard`` says for the rest of the loop."""
+    del what
+    return jax.transfer_guard_device_to_host("allow")
+
+
+def _stop_timeout(config: ml_collections.ConfigDict) -> float:
+    """How long a stop waits for the other processes: the launch's heartbeat timeout."""
+    return float((config.get("launch") or {}).get("heartbeat_timeout_s") or 100)
 
 
 def _evaluate_at(run: Run, state: TrainState, step: int, progress: Progress,

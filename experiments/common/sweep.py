@@ -16,7 +16,6 @@ import dataclasses
 import io
 import json
 import math
-import pathlib
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -105,6 +104,7 @@ def run_one(config, *, keys: Sequence[str], fraction: float = TAIL_FRACTION,
     (``SystemExit``). The trainer's console lines are swallowed unless ``verbose``.
     """
     from contrastive_jax.errors import NonFiniteError
+    from contrastive_jax.training.run.progress import read_metrics_lines
     from contrastive_jax.training.train import train_and_evaluate
 
     sink = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
@@ -115,8 +115,7 @@ def run_one(config, *, keys: Sequence[str], fraction: float = TAIL_FRACTION,
             return None
         if "stopped_at" in result:  # SIGTERM/SIGINT: the trainer checkpointed and returned
             raise SystemExit(f"interrupted by a signal at step {result['stopped_at']}")
-        lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
+        records = [json.loads(line) for line in read_metrics_lines(workdir) if line.strip()]
     return {**result, "tail_metrics": tail_means(records, result["steps"], keys, fraction)}
 
 

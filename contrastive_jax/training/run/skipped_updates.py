@@ -16,8 +16,10 @@ def check_skipped_updates(step: int, in_a_row, limit: int, *, run_ended: bool = 
     (``limit`` of them), or, when ``run_ended``, if the last update was skipped at all: no later
     finite step shows the model recovered, and a short run whose every update was skipped would
     otherwise end as trained. ``limit`` 0 turns both off."""
+    if not limit:  # off: the counter is not read (no wait on the device)
+        return
     in_a_row = int(in_a_row)
-    if not limit or not in_a_row or (in_a_row < limit and not run_ended):
+    if not in_a_row or (in_a_row < limit and not run_ended):
         return
     if in_a_row >= limit:
         what = (f"were non-finite for {in_a_row} steps in a row (each update skipped); "

@@ -11,7 +11,9 @@ another scheme (``s3://``, ``az://``, ``hf://``) is refused at start with what t
 
 Remote objects differ from files (docs/reliability.md, "Remote workdirs"): there is no
 ``flock`` (no workdir lock), no rename (``results.json`` is one upload, which GCS makes appear
-whole or not at all), no append (``metrics.jsonl`` is uploaded whole at each log line).
+whole or not at all), no append (``metrics.jsonl`` and the TensorBoard event file are written
+as parts of bounded size, the current one uploaded whole at each flush:
+:mod:`~contrastive_jax.training.run.progress`).
 """
 
 from __future__ import annotations
