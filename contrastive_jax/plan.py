@@ -27,9 +27,14 @@ partitioned program, an approximation of the accelerator's (the TPU and GPU comp
 lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
 The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
 which keeps rematerialisation as the accelerators do (XLA:CPU would otherwise undo it).
-The FLOPs are XLA's count for the compiled per-chip program of one step without accumulation
-(remat's recomputation included); XLA counts a loop body once, so the loss's loops over tiles
-and ring hops (well under 1% of a ViT step) are undercounted.
+The speed section's FLOPs are the step's model FLOPs per chip: XLA's count of the step without
+remat, accumulation, scanned layers or tiled losses
+(:mod:`contrastive_jax.training.step.model_flops`; the compiled program counts a scanned
+tower's loop body once), divided by the chips, and the step time is those at the stated
+model-FLOPs utilisation. Planned for a target, a config with remat is also compiled without
+it: the plan says whether the step fits without remat and what the recomputation costs (the
+FLOPs of the step with it, counted the same way), so that remat stays on only where it is
+needed.
 
 Exit status 2 with one line ``error: ...`` for a config that cannot be compiled (a batch that
 does not divide over the devices, an unknown setting), an unknown slice name, a GPU spec
@@ -305,8 +310,69 @@ class Speed:
                    per_host / IMAGES_PER_CORE_SECOND if images else None)
 
 
+def uses_remat(config) -> bool:
+    """Whether any tower of ``config`` is rematerialised (``model.remat``: True, a policy, or
+    one entry per tower)."""
+    remat = config.model.get("remat", False)
+    if hasattr(remat, "values"):
+        return any(v is not False for v in remat.values())
+    return remat is not False
+
+
+def per_chip_flops(config, mesh, keep_remat: bool = False) -> float | None:
+    """The model FLOPs of one step per chip (``keep_remat``: with the recomputation)."""
+    import jax
+
+    from contrastive_jax.training.step.model_flops import step_flops
+
+    shapes = {k: jax.ShapeDtypeStruct((config.data.batch_size, *shape), dtype)
+              for k, (shape, dtype) in example_shapes(config).items()}
+    total = step_flops(config, mesh, shapes, int(config.get("total_steps") or 1000),
+                       keep_remat=keep_remat)
+    return None if total is None else total / mesh.devices.size
+
+
+@dataclasses.dataclass
+class RematCheck:
+    """A config with remat, planned without it: whether it fits, and what remat costs."""
+
+    total_without: int  # bytes per chip of the step without remat
+    fits_without: bool
+    model_flops_per_chip: float | None
+    flops_with_remat_per_chip: float | None  # the step as the chips execute it
+
+    @property
+    def extra(self) -> float | None:
+        """The recomputation as a fraction of the model FLOPs."""
+        if not self.model_flops_per_chip or self.flops_with_remat_per_chip is None:
+            return None
+        return self.flops_with_remat_per_chip / self.model_flops_per_chip - 1
+
+
+def remat_check(config, mesh, budget: float) -> RematCheck:
+    """Compile ``config`` without remat and count its FLOPs with and without it."""
+    without = plan(with_overrides(config, {"model.remat": False}), mesh, status=sys.stderr)
+    return RematCheck(without.total, without.total <= budget, per_chip_flops(config, mesh),
+                      per_chip_flops(config, mesh, keep_remat=True))
+
+
+def remat_lines(check: RematCheck, usable: int) -> list[str]:
+    """What the plan without remat says: the bytes, the verdict, the FLOPs remat costs."""
+    verdict = ("it fits without remat too: drop it to save the recomputation "
+               "(--config.model.remat=False)" if check.fits_without else
+               "it does not fit without remat: keep it")
+    lines = ["", "remat (model.remat):",
+             f"  without remat the step needs {_size(check.total_without)} per chip "
+             f"({100 * check.total_without / usable:.0f}% of the usable memory): {verdict}"]
+    if check.extra is not None:
+        lines.append(f"  remat's recomputation: {check.flops_with_remat_per_chip / 1e12:.2f} "
+                     f"TFLOP per chip per step against the model's "
+                     f"{check.model_flops_per_chip / 1e12:.2f} (+{100 * check.extra:.0f}%)")
+    return lines
+
+
 def target_report(p: Plan, config_name: str, target: Target, search: Search | None,
-                  speed: Speed | None) -> str:
+                  speed: Speed | None, remat: RematCheck | None = None) -> str:
     """The plan against one target: the bytes, the verdict (with the search when it did not
     fit), and the speed at the stated utilisation."""
     budget = HEADROOM * target.usable
@@ -337,7 +403,8 @@ def target_report(p: Plan, config_name: str, target: Target, search: Search | No
     if speed is not None:
         lines += ["", f"speed at {speed.mfu:.0%} model-FLOPs utilisation (--mfu):",
                   f"  FLOPs per chip per step    {speed.flops_per_chip / 1e12:.2f} TFLOP "
-                  "(XLA's count of the compiled step, no accumulation)"]
+                  "(model FLOPs: XLA's count of the step without remat, accumulation or "
+                  "scanned layers)"]
         if speed.step_s is None:
             lines.append("  step time: unknown peak FLOP/s for this GPU (name it, e.g. "
                          "4x8:h100)")
@@ -350,6 +417,8 @@ def target_report(p: Plan, config_name: str, target: Target, search: Search | No
                 lines.append(f"  host CPU cores for input   {math.ceil(speed.host_cores)} "
                              f"per host (at {IMAGES_PER_CORE_SECOND} images per core-second: "
                              "experiments/results/image_input_bench.md)")
+    if remat is not None:
+        lines += remat_lines(remat, target.usable)
     lines += ["", _CAVEAT]
     return "\n".join(lines)
 
@@ -434,17 +503,15 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
     found = find_fit(config, mesh, budget, result,
                      lambda c, m: plan(c, m, status=sys.stderr)) if not fits and search else None
     final = (found.answer if found is not None and found.answer is not None else {})
-    # accumulation's scan is counted once: the FLOPs come from the program without it
-    if result.accumulation_steps == 1 and set(final) <= {"accumulation_steps"}:
-        flops = result.flops
-    else:
-        flops = plan(with_overrides(config, {**final, "accumulation_steps": 1}), mesh,
-                     status=sys.stderr).flops
+    chosen = with_overrides(config, final) if final else config
+    flops = per_chip_flops(chosen, mesh)
     images = any(len(shape) == 3 for shape, _ in example_shapes(config).values())
     speed = Speed.of(result, flops, target, mfu, images) if flops else None
-    print(target_report(result, name, target, found, speed))
+    remat = remat_check(chosen, mesh, budget) if uses_remat(chosen) else None
+    print(target_report(result, name, target, found, speed, remat))
     return {"target": dataclasses.asdict(target), "usable_bytes": target.usable,
             "fits_target": fits,
+            "remat": None if remat is None else dataclasses.asdict(remat),
             "search": None if found is None else {
                 "tried": [{"overrides": o, "total": r.total, "temporaries": r.temporaries}
                           for o, r in found.tried],

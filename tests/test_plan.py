@@ -219,9 +219,10 @@ def test_a_real_search_on_the_tiny_template_compiles_to_a_fit():
 
 
 def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
-    """``--slice=v4-16`` is 8 chips on 2 hosts: the tiny template fits, with its FLOPs per chip
-    (XLA's count, also in the JSON), a step time at the stated utilisation, the examples each
-    host must deliver and the host cores an image input takes; a status line on stderr."""
+    """``--slice=v4-16`` is 8 chips on 2 hosts: the tiny template fits, with its model FLOPs
+    per chip (also in the JSON), a step time at the stated utilisation, the examples each
+    host must deliver and the host cores an image input takes, and, since it has remat, the
+    plan without it (fits) and what the recomputation costs; a status line on stderr."""
     out = tmp_path / "plan.json"
     result = subprocess.run(
         [sys.executable, "-m", "contrastive_jax.plan", "--slice=v4-16", "--mfu=0.5",
@@ -235,9 +236,15 @@ def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
     record = __import__("json").loads(out.read_text())
     assert record["target"]["chips"] == 8 and record["fits_target"] is True
     assert record["provenance"]["device_count"] == 8  # the plan's fake devices
-    speed = record["speed"]
-    assert speed["flops_per_chip"] == record["flops"] > 0
-    assert speed["step_s"] == pytest.approx(record["flops"] / (0.5 * 275e12))
+    speed, remat = record["speed"], record["remat"]
+    # model FLOPs (no remat, no scan) per chip; the compiled program's own count has the
+    # scanned blocks once and remat's recomputation
+    assert speed["flops_per_chip"] == remat["model_flops_per_chip"] > 0
+    assert speed["step_s"] == pytest.approx(speed["flops_per_chip"] / (0.5 * 275e12))
+    assert remat["flops_with_remat_per_chip"] > 1.05 * remat["model_flops_per_chip"]
+    assert remat["fits_without"] is True  # the tiny template fits a v4 chip without remat
+    assert 0 < remat["total_without"] and "it fits without remat too" in text
+    assert "remat's recomputation:" in text
     assert speed["examples_per_s_per_host"] == pytest.approx(16 / speed["step_s"] / 2)
     assert speed["host_cores"] == pytest.approx(speed["examples_per_s_per_host"] / 211.6)
 

@@ -347,3 +347,22 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
         got = flat(got)
         assert got.keys() == want.keys() and lines
         assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_under_fsdp_the_scanned_step_keeps_the_batch_split():
+    """The pod template's step (FSDP, remat, bf16) at depth 2, 8 devices, batch 64: the
+    scanned step's temporaries are no more than the unrolled step's. Without the sharding
+    constraint on the scan's carry (``batch_sharded``) XLA took the stacked parameters'
+    split into the loop and replicated the batch: 2.3x here, 37x on 128 chips."""
+    from contrastive_jax.plan import plan
+    from test_train import load_config
+
+    mesh = make_mesh({"data": 8})
+    temporaries = {}
+    for scan in (True, False):
+        config = load_config("clip_vit_b16_pod.py:tokenizer=x")
+        config.data.batch_size = 64
+        for tower in (config.model.sample_encoder, config.model.text_encoder):
+            tower.update({"depth": 2, "scan": scan})
+        temporaries[scan] = plan(config, mesh).temporaries
+    assert temporaries[True] <= temporaries[False], temporaries

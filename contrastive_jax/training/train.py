@@ -336,11 +336,13 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
                     jax.block_until_ready(metrics)
                 progress.message(f"compiled and ran step {step} in "
                                  f"{time.perf_counter() - clock.train_start:.1f} s")
+                # the count of model FLOPs ran beside the compilation; what is left of it
+                # is waited for here, outside the timed steps (which it would slow down)
+                progress.set_model_flops(*flops.result())
                 progress.restart_clock(step)
                 clock.train_start = time.perf_counter()
             if progress.due(step):
                 with _sync_point("log"):
-                    progress.set_model_flops(*flops.result())
                     progress.log_train(step, window.mean())
             if stopping:
                 with _sync_point("stop"):

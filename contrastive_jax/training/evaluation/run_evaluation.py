@@ -17,6 +17,7 @@ compilations.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 
@@ -27,7 +28,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.mesh import global_batch
+from contrastive_jax.mesh import DATA_AXIS, global_batch
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.augmentations import two_views
 from contrastive_jax.training.augmentations.pixels import (
@@ -43,6 +44,7 @@ from contrastive_jax.training.data.pipeline import standard_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
+from contrastive_jax.training.models.scanned_layers import batch_sharded
 
 
 def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
@@ -53,7 +55,8 @@ def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def _inference(graphdef, input_key: str, text_key: str, augment_json: str, pixels: Pixels):
+def _inference(graphdef, input_key: str, text_key: str, augment_json: str, pixels: Pixels,
+               mesh=None):
     """The jitted inference functions of one model, built once per (model, inputs, views) so
     that periodic evaluations reuse their compilations.
 
@@ -66,35 +69,44 @@ def _inference(graphdef, input_key: str, text_key: str, augment_json: str, pixel
     augment = json.loads(augment_json)
 
     def features(params, rest, x):
-        return nnx.merge(graphdef, params, rest).features(model_input(x, pixels))
+        with _on(mesh):
+            return nnx.merge(graphdef, params, rest).features(model_input(x, pixels))
 
     def pairs(params, rest, batch, key):
         model = nnx.merge(graphdef, params, rest)
         x = unit_range(batch[input_key])
-        if hasattr(model, "embed_texts"):
-            return (model.embed_samples(normalize(x, pixels)),
-                    model.embed_texts(batch[text_key]))
-        v1, v2 = (normalize(v, pixels) for v in two_views(x, key, augment))
-        return model(v1, train=False)[0], model(v2, train=False)[0]
+        with _on(mesh):
+            if hasattr(model, "embed_texts"):
+                return (model.embed_samples(normalize(x, pixels)),
+                        model.embed_texts(batch[text_key]))
+            v1, v2 = (normalize(v, pixels) for v in two_views(x, key, augment))
+            return model(v1, train=False)[0], model(v2, train=False)[0]
 
     def texts(params, rest, tokens):
-        return nnx.merge(graphdef, params, rest).embed_texts(tokens)
+        with _on(mesh):
+            return nnx.merge(graphdef, params, rest).embed_texts(tokens)
 
     return jax.jit(features), jax.jit(pairs), jax.jit(texts)
 
 
-def _inference_for(graphdef, config):
+def _on(mesh):
+    """Scanned blocks keep a batch split over ``mesh``'s data axis (``None``: no mesh, a batch
+    on one device; :func:`~contrastive_jax.training.models.scanned_layers.batch_sharded`)."""
+    return contextlib.nullcontext() if mesh is None else batch_sharded(mesh, DATA_AXIS)
+
+
+def _inference_for(graphdef, config, mesh=None):
     augment = config.get("augment")
     return _inference(graphdef, config.input_key, config.get("text_key", "caption"),
                       json.dumps(None if augment is None else augment.to_dict(),
                                  sort_keys=True),
-                      pixel_normalization(config.data.get("preprocess")))
+                      pixel_normalization(config.data.get("preprocess")), mesh)
 
 
 def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Encoder features ``(n, features)`` and labels ``(n,)`` of every example of ``split``, in
     inference mode (no dropout, BatchNorm's running statistics; no gradient)."""
-    features = _inference_for(graphdef, config)[0]
+    features = _inference_for(graphdef, config, mesh)[0]
     feats, labels = [], []
     for batch in eval_iterator(config.data, mesh, split=split):
         f = features(state.params, state.rest, batch[config.input_key])
@@ -113,7 +125,7 @@ def pair_embeddings(graphdef, state, config, mesh, split: str,
     example (the augmentation keys fixed by ``config.seed``). Plus the batch features named in
     ``keys`` that the data has. Not normalised (the metrics normalise).
     """
-    pairs = _inference_for(graphdef, config)[1]
+    pairs = _inference_for(graphdef, config, mesh)[1]
     key = jax.random.key(config.seed)
     columns: dict[str, list] = {}
     for index, batch in enumerate(eval_iterator(config.data, mesh, split=split)):
@@ -140,11 +152,14 @@ PROMPT_CHUNK = 256  # prompts per text-tower call (one compilation for any class
 
 
 @functools.lru_cache(maxsize=8)
-def _sample_embedder(graphdef, pixels: Pixels):
+def _sample_embedder(graphdef, pixels: Pixels, mesh=None):
     """The jitted ``(params, rest, x) -> embed_samples(model_input(x, pixels))`` of one
-    model."""
-    return jax.jit(lambda params, rest, x: nnx.merge(graphdef, params, rest).embed_samples(
-        model_input(x, pixels)))
+    model (a batch split over ``mesh``'s data axis)."""
+    def embed(params, rest, x):
+        with _on(mesh):
+            return nnx.merge(graphdef, params, rest).embed_samples(model_input(x, pixels))
+
+    return jax.jit(embed)
 
 
 def run_tokenizer(config) -> tuple:
@@ -225,7 +240,8 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
         out = standard(example)
         return {"x": out[input_key], "label": out[label_key]}
 
-    embed = _sample_embedder(graphdef, pixel_normalization(config.data.get("preprocess")))
+    embed = _sample_embedder(graphdef, pixel_normalization(config.data.get("preprocess")),
+                             mesh)
     xs, ys = [], []
     for batch in eval_dataset(source, global_batch_size=batch_size, preprocess=preprocess):
         batch = global_batch(batch, mesh)

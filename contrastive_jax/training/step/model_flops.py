@@ -22,8 +22,8 @@ from the program the run executes ([PaLM] §B, "model FLOPs utilization"):
 So the count does not depend on those settings (tests/test_model_flops.py: equal for a
 scanned and remat'd config and its plain form, and a ViT's count within a few per cent of the
 closed form of its matmuls). Per chip, divide by the devices. Counting traces the
-step once more (seconds for a ViT-B/16; a background thread started with the first step's
-compilation, :class:`Counter`).
+step once more (seconds for a ViT-B/16; a background thread beside the first step's
+compilation, :class:`Counter`, waited for before the timed steps).
 
 References:
   [PaLM] Chowdhery et al. 2022, Appendix B; docs/references.md.
@@ -45,17 +45,20 @@ from contrastive_jax.training.models.scanned_layers import SCANNABLE
 TOWERS = ("encoder", "sample_encoder", "text_encoder")
 
 
-def counting_config(config):
+def counting_config(config, *, keep_remat: bool = False):
     """A copy of ``config`` whose step is the model's computation (module docstring): remat
-    off, one micro-batch, every scanned tower unrolled, the dense single-device loss."""
+    off, one micro-batch, every scanned tower unrolled, the dense single-device loss, XLA's
+    attention. ``keep_remat``: remat as the config has it (the FLOPs the chips execute, with
+    the recomputation)."""
     copy = config.copy_and_resolve_references()
     with copy.unlocked():
         copy.accumulation_steps = 1
         model = copy.model
-        model.remat = False
         model.attention = "xla"  # cuDNN's kernel is a custom call XLA counts as no FLOPs
-        if "remat_policy" in model:
-            del model["remat_policy"]
+        if not keep_remat:
+            model.remat = False
+            if "remat_policy" in model:
+                del model["remat_policy"]
         for tower in TOWERS:
             block = model.get(tower)
             if hasattr(block, "get") and block.get("name") in SCANNABLE:
@@ -69,17 +72,18 @@ def counting_config(config):
 
 
 def step_flops(config, mesh: Mesh, batch_shapes: dict[str, jax.ShapeDtypeStruct],
-               steps: int, *, as_model: bool = True) -> float | None:
+               steps: int, *, as_model: bool = True, keep_remat: bool = False) -> float | None:
     """The global model FLOPs of one step of ``config`` (:func:`counting_config`) for a batch
     of ``batch_shapes`` (``{feature: shape struct}``, the global batch), XLA's count; ``None``
-    when the backend gives no cost analysis. ``as_model=False``: XLA's count of the config's
-    own step as it runs (loop bodies once, remat's recomputation in)."""
+    when the backend gives no cost analysis. ``keep_remat``: with remat's recomputation (what
+    the chips execute). ``as_model=False``: XLA's count of the config's own step as it runs
+    (loop bodies once, remat's recomputation in)."""
     from contrastive_jax.training.methods import method_for
     from contrastive_jax.training.step.state_sharding import state_shardings
     from contrastive_jax.training.step.train_state import create_state
     from contrastive_jax.training.step.train_step import compiled_step
 
-    counted = counting_config(config) if as_model else config
+    counted = counting_config(config, keep_remat=keep_remat) if as_model else config
     try:
         method = method_for(counted)
     except Exception:  # a loss without the dense impl: count the config's own loss
@@ -117,7 +121,8 @@ def flops_of(lowered_or_compiled) -> float | None:
 
 class Counter:
     """:func:`step_flops` in a background thread, started with the first step (so that it
-    runs while that step compiles); :meth:`result` at a logging step."""
+    runs while that step compiles); :meth:`result` once that step has run, before the timed
+    steps (a count still running would slow them)."""
 
     def __init__(self, config, mesh: Mesh, method: Any, steps: int):
         del method  # the counting config has its own
@@ -145,7 +150,7 @@ class Counter:
 
     def result(self) -> tuple[float | None, float]:
         """``(global model FLOPs per step or None (off, or not countable), seconds waited)``:
-        the first call, at the first logging step, waits for the count to finish."""
+        the first call waits for the count to finish."""
         start = time.perf_counter()
         if self._thread is not None:
             self._thread.join()

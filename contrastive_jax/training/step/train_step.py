@@ -21,6 +21,7 @@ from contrastive_jax.mesh import DATA_AXIS
 from contrastive_jax.training.augmentations.pixels import pixel_normalization
 from contrastive_jax.training.methods import Method, MethodContext
 from contrastive_jax.training.models.locked_towers import frozen_names, keep_frozen
+from contrastive_jax.training.models.scanned_layers import batch_sharded
 from contrastive_jax.training.step.accumulation import accumulation_steps, step_gradients
 from contrastive_jax.training.step.optimizers import clamp_log_scale, current_learning_rate
 from contrastive_jax.training.step.state_sharding import state_shardings
@@ -46,9 +47,10 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     keys = jax.random.split(rng, jax.tree.leaves(batch)[0].shape[0])
-    loss, grads, metrics, outputs, rest, extra = step_gradients(
-        state.params, state.rest, batch, keys, state.extra, graphdef=graphdef, method=method,
-        ctx=ctx, accumulation_steps=accumulation_steps)
+    with batch_sharded(ctx.mesh, DATA_AXIS):  # scanned blocks keep the batch split
+        loss, grads, metrics, outputs, rest, extra = step_gradients(
+            state.params, state.rest, batch, keys, state.extra, graphdef=graphdef,
+            method=method, ctx=ctx, accumulation_steps=accumulation_steps)
     # a NaN or inf in the batch makes the loss NaN whatever the encoders do with it (XLA:CPU's
     # fused max drops NaN: mean(relu(x)) of an all-NaN x is 0, so BatchNorm + ReLU + mean
     # pooling can turn a NaN example into finite features)
