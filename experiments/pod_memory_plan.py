@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                      "XLA:CPU's compile of the partitioned step (an estimate of the "
                      "accelerator's). K = micro-batches (exact accumulation); for a config "
                      "that does not fit, the K the plan's search found and the total at that "
-                     "K. TFLOP per chip: XLA's count of the compiled step without accumulation; "
+                     "K. TFLOP per chip: model FLOPs, XLA's count of the step without remat, "
+                     "accumulation or scanned layers; "
                      "step s: at 40% of the chip's peak bf16 FLOP/s."),
            tables=[table], figure=None)
 

@@ -354,8 +354,9 @@ def test_under_fsdp_the_scanned_step_keeps_the_batch_split():
     scanned step's temporaries are no more than the unrolled step's. Without the sharding
     constraint on the scan's carry (``batch_sharded``) XLA took the stacked parameters'
     split into the loop and replicated the batch: 2.3x here, 37x on 128 chips."""
-    from contrastive_jax.plan import plan
     from test_train import load_config
+
+    from contrastive_jax.plan import plan
 
     mesh = make_mesh({"data": 8})
     temporaries = {}

@@ -302,7 +302,7 @@ def _timm_vision(cfg: dict, trunk: Mapping[str, Any], embed_dim: int) -> dict:
 # --- the model block ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class Block:
+class OpenClipModelBlock:
     """The ``model`` block of an open_clip config and what the conversion noted: the options
     set that have no effect at inference (``notes``), the tokenizer open_clip uses
     (``tokenizer``: ``hf_tokenizer_name``, None for CLIP's BPE)."""
@@ -313,7 +313,7 @@ class Block:
 
 
 def model_block(model_cfg: Mapping[str, Any], *,
-                timm_args: Mapping[str, Any] | None = None) -> Block:
+                timm_args: Mapping[str, Any] | None = None) -> OpenClipModelBlock:
     """The ``dual_encoder`` block computing what open_clip's model of ``model_cfg`` computes
     (the module docstring; a refused option is a :class:`ConfigError` naming it).
 
@@ -387,7 +387,7 @@ def model_block(model_cfg: Mapping[str, Any], *,
         block["siglip"] = True
         block["init_bias"] = float(bias)
     tokenizer = text.get("hf_tokenizer_name") or None
-    return Block(block, tuple(notes), tokenizer)
+    return OpenClipModelBlock(block, tuple(notes), tokenizer)
 
 
 def verdict(name: str) -> tuple[dict | None, str]:
