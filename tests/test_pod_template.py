@@ -112,13 +112,23 @@ def test_pod_template_step_count_comes_from_epochs():
     assert tiny.data.preprocess.vocab_size == 40
 
 
-def test_pod_template_runs_one_step_at_tiny_size_on_mock_coco(mock_coco, tmp_path):
+def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys):
+    """Two steps with an evaluation after the first (``--config.evaluation.every=1``: the
+    template evaluates without labels, so a periodic evaluation has no probe to report; it
+    stopped with a KeyError before) and the final one."""
     data_dir, model = mock_coco
     config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model}")
     assert config.loss.strategy == "ring" and config.data.name == "coco_captions"
     config.data.data_dir = data_dir
+    config.total_steps, config.evaluation.every = 2, 1
     results = train.train_and_evaluate(config, str(tmp_path / "run"))
-    assert results["steps"] == 1 and results["devices"] == 8
+    out = capsys.readouterr().out
+    assert "evaluating at step 1: alignment and uniformity, retrieval..." in out
+    assert "eval at step 1: alignment " in out and "x_to_y_r1 " in out
+    (periodic, final) = results["evaluations"]
+    assert periodic["step"] == 1 and "linear_probe" not in periodic and "x_to_y_r1" in periodic
+    assert final["step"] == 2
+    assert results["steps"] == 2 and results["devices"] == 8
     assert np.isfinite(results["final_train_metrics"]["loss"])
     # captions without labels: retrieval and geometry, no probe
     assert "linear_probe" not in results and "zero_shot" not in results

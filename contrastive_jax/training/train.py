@@ -63,6 +63,7 @@ from contrastive_jax.training.run.progress import (
     MetricWindow,
     Progress,
     evaluation_names,
+    evaluation_summary,
     scale_settings,
 )
 from contrastive_jax.training.run.provenance import provenance
@@ -387,8 +388,7 @@ def _evaluate_at(run: Run, state: TrainState, step: int, progress: Progress,
     clock.eval_time += time.perf_counter() - eval_start
     progress.restart_clock(step)  # examples/s counts training only
     progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
-    progress.message(f"eval at step {step}: linear probe "
-                     f"{result['linear_probe']:.4f}, kNN {result['knn']:.4f}")
+    progress.message(f"eval at step {step}: {evaluation_summary(result)}")
     return result
 
 
@@ -449,7 +449,7 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
     results.update(run.method.results(run.source, config))
     if jax.process_index() == 0:
         json_output.write_atomic(run.workdir / "results.json", results)
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in final.items() if k != "linear_probe_l2")
+    summary = evaluation_summary(final)
     progress.message(f"done in {results['wall_time_s']:.0f} s"
                      f"{': ' + summary if summary else ''} -> {run.workdir / 'results.json'}")
     progress.close()

@@ -376,14 +376,25 @@ class Progress:
 
 
 def evaluation_names(config) -> str:
-    """What an evaluation of ``config``'s model computes, for its status line."""
-    names = ["linear probe", "kNN", "alignment and uniformity"]
+    """What an evaluation of ``config``'s model computes, for its status line (the linear
+    probe and kNN only with ``evaluation.classification``, as
+    :func:`~contrastive_jax.training.evaluation.run_evaluation.evaluate` runs them)."""
+    names = ["linear probe", "kNN"] if config.evaluation.get("classification", True) else []
+    names.append("alignment and uniformity")
     if config.model.get("name") == "dual_encoder":
         names.append("retrieval")
         if (config.evaluation.get("zero_shot_prompts")
                 or config.evaluation.get("zero_shot", {}).get("class_names")):
             names.append("zero-shot")
     return ", ".join(names)
+
+
+def evaluation_summary(result: Mapping[str, float]) -> str:
+    """``"linear_probe 0.9570, knn 0.9470, alignment ..."``: every score an evaluation
+    returned (whichever it computed), for the console; the probe's regulariser and the
+    bookkeeping fields (``step``, ``wall_s``, ``train_s``) left out."""
+    skip = ("linear_probe_l2", "step", "wall_s", "train_s")
+    return ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k not in skip)
 
 
 def scale_settings(config) -> str:
