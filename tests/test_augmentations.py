@@ -190,7 +190,7 @@ def _np_shift(x, offset, pad=45):
 @pytest.mark.parametrize("offset", [-41, -7, -1, 0, 3, 39])
 def test_signal_shift_matches_edge_padded_numpy(offset):
     x = _signals(b=1, c=2)[0]
-    np.testing.assert_array_equal(signal.shift(jnp.asarray(x), offset), _np_shift(x, offset))
+    np.testing.assert_array_equal(signal.shift_signal(jnp.asarray(x), offset), _np_shift(x, offset))
     if offset == 3:  # and literally: three copies of x[0] in front, the last three gone
         np.testing.assert_array_equal(_np_shift(x, 3), np.concatenate([x[:1]] * 3 + [x[:-3]]))
 
@@ -201,7 +201,7 @@ def test_image_shift_matches_zero_padded_numpy(dy, dx):
     p = 9
     padded = np.pad(x, ((p, p), (p, p), (0, 0)))
     expected = padded[p - dy : p - dy + 8, p - dx : p - dx + 8]
-    np.testing.assert_array_equal(image.shift(jnp.asarray(x), dy, dx), expected)
+    np.testing.assert_array_equal(image.shift_image(jnp.asarray(x), dy, dx), expected)
 
 
 def test_random_shift_draws_offsets_within_the_strength():
@@ -221,19 +221,19 @@ def test_signal_resized_crop_matches_np_interp():
     for start, length in ((0.0, 40.0), (3.7, 25.2), (10.0, 30.0)):
         pos = start + (np.arange(40) + 0.5) * length / 40 - 0.5
         expected = np.stack([np.interp(pos, np.arange(40), x[:, c]) for c in range(2)], axis=1)
-        y = signal.resized_crop(jnp.asarray(x), start, length)
+        y = signal.resized_crop_signal(jnp.asarray(x), start, length)
         np.testing.assert_allclose(y, expected, rtol=0, atol=2e-5)  # float32 positions
     # The full window is exactly the identity.
-    np.testing.assert_array_equal(signal.resized_crop(jnp.asarray(x), 0.0, 40.0), x)
+    np.testing.assert_array_equal(signal.resized_crop_signal(jnp.asarray(x), 0.0, 40.0), x)
     np.testing.assert_array_equal(
-        image.resized_crop(jnp.asarray(_images()[0]), 0.0, 0.0, 8.0, 8.0), _images()[0]
+        image.resized_crop_image(jnp.asarray(_images()[0]), 0.0, 0.0, 8.0, 8.0), _images()[0]
     )
 
 
 def test_image_resized_crop_of_a_half_is_a_2x_bilinear_zoom():
     # A linear ramp stays a linear ramp: cropping rows [2, 6) and stretching doubles its slope.
     ramp = np.broadcast_to(np.arange(8, dtype=np.float32)[:, None, None] / 10, (8, 8, 1))
-    y = np.asarray(image.resized_crop(jnp.asarray(ramp), 2.0, 0.0, 4.0, 8.0))
+    y = np.asarray(image.resized_crop_image(jnp.asarray(ramp), 2.0, 0.0, 4.0, 8.0))
     rows = 2 + (np.arange(8) + 0.5) * 0.5 - 0.5
     np.testing.assert_allclose(y[:, 0, 0], rows / 10, atol=1e-6)
     np.testing.assert_allclose(y, np.broadcast_to(y[:, :1], y.shape), atol=0)
@@ -321,7 +321,7 @@ def test_brightness_and_contrast_formulas():
     assert np.abs(delta).max() <= 0.5 and np.abs(delta[:, 0]).max() > 0.25
     m = x.mean(axis=1, keepdims=True)
     np.testing.assert_allclose(
-        signal.adjust_contrast(jnp.asarray(x[0]), 1.5), m[0] + 1.5 * (x[0] - m[0]), atol=1e-6
+        signal.adjust_signal_contrast(jnp.asarray(x[0]), 1.5), m[0] + 1.5 * (x[0] - m[0]), atol=1e-6
     )
     y = _apply("signal", "contrast", x, jax.random.key(9), 0.5)
     factor = (y - m) / (x - m)
@@ -331,11 +331,11 @@ def test_brightness_and_contrast_formulas():
     # Images: brightness multiplies and clips; contrast blends with the mean luma and clips.
     x = _images(b=1)[0]
     np.testing.assert_allclose(
-        image.adjust_brightness(jnp.asarray(x), 1.3), np.clip(1.3 * x, 0, 1), atol=1e-6
+        image.adjust_image_brightness(jnp.asarray(x), 1.3), np.clip(1.3 * x, 0, 1), atol=1e-6
     )
     mean_luma = (x @ np.array([0.299, 0.587, 0.114], np.float32)).mean()
     np.testing.assert_allclose(
-        image.adjust_contrast(jnp.asarray(x), 0.6),
+        image.adjust_image_contrast(jnp.asarray(x), 0.6),
         np.clip(mean_luma + 0.6 * (x - mean_luma), 0, 1),
         atol=1e-6,
     )
@@ -348,10 +348,10 @@ def test_brightness_and_contrast_formulas():
 
 def test_blur_keeps_constants_and_the_sum_of_an_impulse():
     const = jnp.full((40, 1), 2.5)
-    np.testing.assert_allclose(signal.blur(const, 1.3, 3), const, rtol=1e-6)
+    np.testing.assert_allclose(signal.blur_signal(const, 1.3, 3), const, rtol=1e-6)
     impulse = np.zeros((40, 1), np.float32)
     impulse[20] = 1.0
-    y = np.asarray(signal.blur(jnp.asarray(impulse), 1.0, 3))[:, 0]
+    y = np.asarray(signal.blur_signal(jnp.asarray(impulse), 1.0, 3))[:, 0]
     k = np.arange(-3, 4)
     kernel = np.exp(-0.5 * k**2) / np.exp(-0.5 * k**2).sum()
     np.testing.assert_allclose(y[17:24], kernel, atol=1e-7)
@@ -365,12 +365,12 @@ def test_blur_keeps_constants_and_the_sum_of_an_impulse():
     # Images: separable, the same kernel along both axes.
     img = np.zeros((8, 8, 3), np.float32)
     img[4, 4] = 1.0
-    y = np.asarray(image.blur(jnp.asarray(img), 1.0, 3))
+    y = np.asarray(image.blur_image(jnp.asarray(img), 1.0, 3))
     np.testing.assert_allclose(
         y[1:8, 1:8], np.outer(kernel, kernel)[..., None] * [1, 1, 1], atol=1e-7
     )
     np.testing.assert_allclose(y.sum(axis=(0, 1)), 1.0, atol=1e-6)
-    np.testing.assert_allclose(image.blur(jnp.full((8, 8, 3), 0.7), 1.5, 3), 0.7, rtol=1e-6)
+    np.testing.assert_allclose(image.blur_image(jnp.full((8, 8, 3), 0.7), 1.5, 3), 0.7, rtol=1e-6)
 
 
 @pytest.mark.parametrize("strength", [0.1, 0.5])
@@ -387,7 +387,8 @@ def test_noise_std_is_the_strength(strength):
 def test_cutout_fills_one_window_with_the_mean_or_zeros():
     x = _signals()
     np.testing.assert_allclose(
-        signal.mask(jnp.asarray(x[0]), 5, 3)[5:8], np.broadcast_to(x[0].mean(0), (3, 1)), atol=1e-6
+        signal.mask_signal(jnp.asarray(x[0]), 5, 3)[5:8], np.broadcast_to(x[0].mean(0), (3, 1)),
+        atol=1e-6
     )
     y = _apply("signal", "cutout", x, jax.random.key(11), 0.2)  # windows of 1..8 samples
     lengths = []
@@ -532,7 +533,7 @@ def test_bad_configs_are_value_errors():
     with pytest.raises(ValueError, match="kind must be one of"):
         default_config("audio")
     with pytest.raises(ValueError, match="'shift' must be finite"):
-        signal.random_shift(jnp.asarray(x[0]), key, -0.2)
+        signal.random_signal_shift(jnp.asarray(x[0]), key, -0.2)
 
 
 def test_roll_trend_and_correlated_noise_against_numpy():

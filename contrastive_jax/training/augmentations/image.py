@@ -10,8 +10,8 @@ op is skipped: bit-identical), and every op tends to the identity as ``strength 
 continuous ops by a change of order ``strength``, the integer ones (shift, cutout) are exactly
 the identity once ``strength x size`` rounds to 0, and the probabilistic ones (flip, grayscale)
 fire with probability ``strength``. Each random op draws its parameters and hands them to a
-deterministic op (:func:`shift`, :func:`resized_crop`, :func:`rotate`, :func:`adjust_brightness`,
-...) that the tests check against NumPy.
+deterministic op (:func:`shift_image`, :func:`resized_crop_image`, :func:`rotate`,
+:func:`adjust_image_brightness`, ...) that the tests check against NumPy.
 
 Grayscale fallback. Saturation, hue and random grayscale act on colour; on a 1-channel image
 they are the identity (it is already its own grayscale), so one config serves both kinds of
@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.ndimage import map_coordinates
 
-from contrastive_jax.training.augmentations.signal import blur as blur_axis0
 from contrastive_jax.training.augmentations.signal import (
     blur_radius,
     check_strength,
@@ -42,6 +41,7 @@ from contrastive_jax.training.augmentations.signal import (
     uniform_integer,
     uniforms,
 )
+from contrastive_jax.training.augmentations.signal import blur_signal as blur_axis0
 
 Array = jax.Array
 
@@ -68,7 +68,7 @@ def _clip(y: Array, like: Array) -> Array:
 # Deterministic ops: the sampled parameters in, the augmented image out.
 
 
-def shift(x: Array, dy: Array | int, dx: Array | int) -> Array:
+def shift_image(x: Array, dy: Array | int, dx: Array | int) -> Array:
     """Translate by whole pixels, zero fill: ``y[i, j] = x[i - dy, j - dx]``, 0 outside.
 
     Positive ``dy`` moves the content down, positive ``dx`` right (pad-and-crop).
@@ -80,7 +80,7 @@ def shift(x: Array, dy: Array | int, dx: Array | int) -> Array:
     return _clip(jnp.where(inside, y, 0), x)
 
 
-def resized_crop(
+def resized_crop_image(
     x: Array, top: Array | float, left: Array | float, height: Array | float, width: Array | float
 ) -> Array:
     """Crop the box ``[top, top + height) x [left, left + width)`` and resize it back bilinearly.
@@ -134,12 +134,12 @@ def grayscale(x: Array) -> Array:
     return _clip(jnp.broadcast_to(luma(x), x.shape), x)
 
 
-def adjust_brightness(x: Array, factor: Array | float) -> Array:
+def adjust_image_brightness(x: Array, factor: Array | float) -> Array:
     """``y = clip(factor x)`` (torchvision's and SimCLR v2's multiplicative brightness)."""
     return _clip(factor * x, x)
 
 
-def adjust_contrast(x: Array, factor: Array | float) -> Array:
+def adjust_image_contrast(x: Array, factor: Array | float) -> Array:
     """``y = clip(m + factor (x - m))``, ``m`` the mean luma of the whole image (torchvision)."""
     m = jnp.mean(luma(x))
     return _clip(m + factor * (x - m), x)
@@ -183,11 +183,11 @@ def adjust_hue(x: Array, delta: Array | float) -> Array:
     return _clip(y, x)
 
 
-def blur(x: Array, sigma: Array | float, radius: int) -> Array:
+def blur_image(x: Array, sigma: Array | float, radius: int) -> Array:
     """Separable Gaussian blur, the same sigma (pixels) along rows and columns, edges replicated.
 
-    The 1-D kernel is :func:`contrastive_jax.training.augmentations.signal.blur`'s (``2 radius +
-    1`` taps,
+    The 1-D kernel is :func:`contrastive_jax.training.augmentations.signal.blur_signal`'s
+    (``2 radius + 1`` taps,
     normalised): a constant image is unchanged and an interior impulse keeps its sum.
     """
     y = blur_axis0(x, sigma, radius)
@@ -195,7 +195,7 @@ def blur(x: Array, sigma: Array | float, radius: int) -> Array:
     return _clip(y, x)
 
 
-def mask(x: Array, top: Array | int, left: Array | int, height: int, width: int) -> Array:
+def mask_image(x: Array, top: Array | int, left: Array | int, height: int, width: int) -> Array:
     """Zero the ``height x width`` box whose top-left pixel is ``(top, left)`` (all channels)."""
     i = jnp.arange(x.shape[0])[:, None, None]
     j = jnp.arange(x.shape[1])[None, :, None]
@@ -207,7 +207,7 @@ def mask(x: Array, top: Array | int, left: Array | int, height: int, width: int)
 # Random ops: (x, key, strength) -> y.
 
 
-def random_shift(x: Array, key: Array, strength: float) -> Array:
+def random_image_shift(x: Array, key: Array, strength: float) -> Array:
     """Translate by ``dy ~ U{-m_h..m_h}``, ``dx ~ U{-m_w..m_w}``, ``m = round(s H)``, zero fill.
 
     Strength ``s`` in ``[0, 1]``: the largest shift as a fraction of the height (rows) and width
@@ -219,16 +219,16 @@ def random_shift(x: Array, key: Array, strength: float) -> Array:
     if mh == 0 and mw == 0:
         return x
     u = uniforms(key, 2)
-    return shift(x, uniform_integer(u[0], -mh, mh), uniform_integer(u[1], -mw, mw))
+    return shift_image(x, uniform_integer(u[0], -mh, mh), uniform_integer(u[1], -mw, mw))
 
 
-def random_resized_crop(x: Array, key: Array, strength: float) -> Array:
+def random_image_resized_crop(x: Array, key: Array, strength: float) -> Array:
     """SimCLR's random resized crop: area fraction ``a ~ U[1 - s, 1]``, aspect jitter, bilinear.
 
     Strength ``s`` in ``[0, 1)``: the largest fraction of the area cropped away. The box's
     aspect ratio (relative to the image's) is ``r = (4/3)^u``, ``u ~ U[-s, s]`` (SimCLR's
     ``[3/4, 4/3]`` at ``s = 1``), its size ``(H sqrt(a r), W sqrt(a / r))`` capped at the image,
-    its position uniform inside the image; the box is resized back by :func:`resized_crop`.
+    its position uniform inside the image; the box is resized back by :func:`resized_crop_image`.
     0 is the identity; as ``s -> 0`` every read position moves by at most ~``s H`` pixels.
     """
     s = check_strength("resized_crop", strength, *LIMITS["resized_crop"])
@@ -242,10 +242,10 @@ def random_resized_crop(x: Array, key: Array, strength: float) -> Array:
     width = jnp.minimum(w * jnp.sqrt(area / ratio), w)
     top = u[2] * (h - height)
     left = u[3] * (w - width)
-    return resized_crop(x, top, left, height, width)
+    return resized_crop_image(x, top, left, height, width)
 
 
-def random_flip(x: Array, key: Array, strength: float) -> Array:
+def random_image_flip(x: Array, key: Array, strength: float) -> Array:
     """Horizontal flip ``y = x[:, ::-1]`` with probability ``strength`` in ``[0, 1]``."""
     p = check_strength("flip", strength, *LIMITS["flip"])
     if p == 0:
@@ -265,8 +265,8 @@ def random_rotation(x: Array, key: Array, strength: float) -> Array:
     return rotate(x, jax.random.uniform(key, (), x.dtype, -s, s) * jnp.pi)
 
 
-def random_brightness(x: Array, key: Array, strength: float) -> Array:
-    """Multiply by ``factor ~ U[max(0, 1 - s), 1 + s]`` and clip (:func:`adjust_brightness`).
+def random_image_brightness(x: Array, key: Array, strength: float) -> Array:
+    """Multiply by ``factor ~ U[max(0, 1 - s), 1 + s]`` and clip (:func:`adjust_image_brightness`).
 
     Strength ``s >= 0``: the largest relative change of intensity (SimCLR: ``0.8 x`` its colour
     strength). 0 is the identity.
@@ -274,18 +274,19 @@ def random_brightness(x: Array, key: Array, strength: float) -> Array:
     s = check_strength("brightness", strength)
     if s == 0:
         return x
-    return adjust_brightness(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
+    return adjust_image_brightness(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
 
 
-def random_contrast(x: Array, key: Array, strength: float) -> Array:
-    """Scale about the mean luma by ``factor ~ U[max(0, 1 - s), 1 + s]`` (:func:`adjust_contrast`).
+def random_image_contrast(x: Array, key: Array, strength: float) -> Array:
+    """Scale about the mean luma by ``factor ~ U[max(0, 1 - s), 1 + s]``
+    (:func:`adjust_image_contrast`).
 
     Strength ``s >= 0``: the largest relative change of contrast. 0 is the identity.
     """
     s = check_strength("contrast", strength)
     if s == 0:
         return x
-    return adjust_contrast(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
+    return adjust_image_contrast(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
 
 
 def random_saturation(x: Array, key: Array, strength: float) -> Array:
@@ -323,8 +324,8 @@ def random_grayscale(x: Array, key: Array, strength: float) -> Array:
     return jnp.where(jax.random.bernoulli(key, p), grayscale(x), x)
 
 
-def random_blur(x: Array, key: Array, strength: float) -> Array:
-    """Gaussian blur with ``sigma ~ U[0.1, 1] strength`` pixels (:func:`blur`).
+def random_image_blur(x: Array, key: Array, strength: float) -> Array:
+    """Gaussian blur with ``sigma ~ U[0.1, 1] strength`` pixels (:func:`blur_image`).
 
     Strength ``s >= 0``: the largest sigma in pixels (SimCLR on 224-pixel images: 2). The kernel
     half-width is static, ``max(1, ceil(3 s))``, edges replicated. 0 is the identity.
@@ -333,10 +334,10 @@ def random_blur(x: Array, key: Array, strength: float) -> Array:
     if s == 0:
         return x
     sigma = jax.random.uniform(key, (), x.dtype, 0.1, 1.0) * s
-    return blur(x, sigma, blur_radius(s))
+    return blur_image(x, sigma, blur_radius(s))
 
 
-def gaussian_noise(x: Array, key: Array, strength: float) -> Array:
+def image_gaussian_noise(x: Array, key: Array, strength: float) -> Array:
     """Add i.i.d. ``N(0, s²)`` noise to every pixel and channel, then clip to ``[0, 1]``.
 
     Strength ``s >= 0``: the noise's standard deviation in intensity units (the range is 1).
@@ -348,7 +349,7 @@ def gaussian_noise(x: Array, key: Array, strength: float) -> Array:
     return _clip(x + s * jax.random.normal(key, x.shape, x.dtype), x)
 
 
-def random_cutout(x: Array, key: Array, strength: float) -> Array:
+def random_image_cutout(x: Array, key: Array, strength: float) -> Array:
     """Zero one ``round(s H) x round(s W)`` box at a uniform position inside the image.
 
     Strength ``s`` in ``[0, 1]``: the box's side as a fraction of the image's (a square on a
@@ -363,21 +364,21 @@ def random_cutout(x: Array, key: Array, strength: float) -> Array:
     u = uniforms(key, 2)
     top = uniform_integer(u[0], 0, h - bh)
     left = uniform_integer(u[1], 0, w - bw)
-    return mask(x, top, left, bh, bw)
+    return mask_image(x, top, left, bh, bw)
 
 
 OPS: dict[str, Callable[[Array, Array, float], Array]] = {
-    "resized_crop": random_resized_crop,
-    "shift": random_shift,
-    "flip": random_flip,
+    "resized_crop": random_image_resized_crop,
+    "shift": random_image_shift,
+    "flip": random_image_flip,
     "rotation": random_rotation,
-    "brightness": random_brightness,
-    "contrast": random_contrast,
+    "brightness": random_image_brightness,
+    "contrast": random_image_contrast,
     "saturation": random_saturation,
     "hue": random_hue,
     "grayscale": random_grayscale,
-    "blur": random_blur,
-    "noise": gaussian_noise,
-    "cutout": random_cutout,
+    "blur": random_image_blur,
+    "noise": image_gaussian_noise,
+    "cutout": random_image_cutout,
 }
 """The image ops by config name, in the order they are applied."""

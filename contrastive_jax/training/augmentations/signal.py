@@ -11,8 +11,9 @@ bit-identical), and every op tends to the identity as ``strength -> 0``: the con
 (resized crop, brightness, contrast, blur, noise) by a change of order ``strength``, the integer
 ones (shift, cutout) are exactly the identity once ``strength * L < 0.5``, and the flip happens
 with probability ``strength``. Each random op draws its parameters and hands them to a
-deterministic op (:func:`shift`, :func:`resized_crop`, :func:`adjust_brightness`,
-:func:`adjust_contrast`, :func:`blur`, :func:`mask`) that the tests check against NumPy.
+deterministic op (:func:`shift_signal`, :func:`resized_crop_signal`,
+:func:`adjust_signal_brightness`, :func:`adjust_signal_contrast`, :func:`blur_signal`,
+:func:`mask_signal`) that the tests check against NumPy.
 
 :data:`OPS` lists the ops in the order :func:`contrastive_jax.training.augmentations.augment`
 applies them
@@ -113,7 +114,7 @@ def uniform_integer(u: Array, low: Array | int, high: Array | int) -> Array:
     return jnp.clip(low + jnp.floor(u * (high - low + 1)).astype(jnp.int32), low, high)
 
 
-def blur(x: Array, sigma: Array | float, radius: int) -> Array:
+def blur_signal(x: Array, sigma: Array | float, radius: int) -> Array:
     """Gaussian blur along axis 0 with a static ``2 radius + 1``-tap kernel, edges replicated.
 
     ``y[t] = sum_{k=-r..r} w_k x[clip(t + k, 0, L - 1)]`` with ``w_k ∝ exp(-k² / (2 sigma²))``
@@ -147,7 +148,7 @@ def blur_radius(strength: float) -> int:
 # Deterministic ops: the sampled parameter in, the augmented signal out.
 
 
-def shift(x: Array, offset: Array | int) -> Array:
+def shift_signal(x: Array, offset: Array | int) -> Array:
     """Shift by an integer ``offset`` along time, edges replicated (no wrap-around).
 
     ``y[t] = x[clip(t - offset, 0, L - 1)]``: a positive offset moves the content later and
@@ -169,7 +170,7 @@ def add_trend(x: Array, slope: Array | float) -> Array:
     return (x + slope * jnp.linspace(-0.5, 0.5, n, dtype=x.dtype)[:, None]).astype(x.dtype)
 
 
-def resized_crop(x: Array, start: Array | float, length: Array | float) -> Array:
+def resized_crop_signal(x: Array, start: Array | float, length: Array | float) -> Array:
     """Crop the window ``[start, start + length)`` (in samples) and stretch it back to ``L``.
 
     Output sample ``i`` reads the window at ``p_i = start + (i + 0.5) length / L - 0.5`` (sample
@@ -181,18 +182,18 @@ def resized_crop(x: Array, start: Array | float, length: Array | float) -> Array
     return resample(x, start + (i + 0.5) * (length / n) - 0.5)
 
 
-def adjust_brightness(x: Array, delta: Array | float) -> Array:
+def adjust_signal_brightness(x: Array, delta: Array | float) -> Array:
     """``y = x + delta``: an offset in the signal's units (std units for standardised data)."""
     return (x + delta).astype(x.dtype)
 
 
-def adjust_contrast(x: Array, factor: Array | float) -> Array:
+def adjust_signal_contrast(x: Array, factor: Array | float) -> Array:
     """``y = m + factor (x - m)``, ``m`` the per-channel mean over time of this example."""
     m = jnp.mean(x, axis=0, keepdims=True)
     return (m + factor * (x - m)).astype(x.dtype)
 
 
-def mask(x: Array, start: Array | int, length: Array | int) -> Array:
+def mask_signal(x: Array, start: Array | int, length: Array | int) -> Array:
     """Replace samples ``start <= t < start + length`` by the example's per-channel mean."""
     t = jnp.arange(x.shape[0])[:, None]
     fill = jnp.mean(x, axis=0, keepdims=True)
@@ -203,18 +204,18 @@ def mask(x: Array, start: Array | int, length: Array | int) -> Array:
 # Random ops: (x, key, strength) -> y.
 
 
-def random_shift(x: Array, key: Array, strength: float) -> Array:
+def random_signal_shift(x: Array, key: Array, strength: float) -> Array:
     """Shift by an integer offset uniform in ``[-m, m]``, ``m = round(strength L)``, edge fill.
 
     Strength: the largest shift as a fraction of the length, in ``[0, 1]`` (MNIST-1D: 0.2 is
     up to 8 of 40 samples). 0 (and anything below ``0.5 / L``) is the identity. The samples
-    shifted in repeat the edge sample (see :func:`shift`), so values stay within the input's
+    shifted in repeat the edge sample (see :func:`shift_signal`), so values stay within the input's
     ``[min, max]``.
     """
     m = integer_extent(check_strength("shift", strength, *LIMITS["shift"]), x.shape[0])
     if m == 0:
         return x
-    return shift(x, uniform_integer(jax.random.uniform(key, ()), -m, m))
+    return shift_signal(x, uniform_integer(jax.random.uniform(key, ()), -m, m))
 
 
 def random_roll(x: Array, key: Array, strength: float) -> Array:
@@ -222,7 +223,7 @@ def random_roll(x: Array, key: Array, strength: float) -> Array:
 
     Strength: the largest shift as a fraction of the length, in ``[0, 1]``; from ``m >= L/2``
     on every rotation is equally likely (a uniform offset in ``0..L-1``). Unlike
-    :func:`random_shift` nothing is filled in: samples leaving one end re-enter at the other
+    :func:`random_signal_shift` nothing is filled in: samples leaving one end re-enter at the other
     (:func:`roll`), as MNIST-1D's generator translates its padded templates, so the values are
     a permutation of the input's. 0 (and anything below ``0.5 / L``) is the identity.
     """
@@ -265,16 +266,16 @@ def correlated_noise(x: Array, key: Array, strength: float) -> Array:
     radius = blur_radius(CORRELATED_NOISE_SIGMA)
     taps = jnp.exp(-0.5 * (jnp.arange(-radius, radius + 1) / CORRELATED_NOISE_SIGMA) ** 2)
     gain = jnp.sqrt(jnp.sum((taps / taps.sum()) ** 2))  # std of blurred unit white noise
-    e = blur(jax.random.normal(key, x.shape, jnp.float32), CORRELATED_NOISE_SIGMA, radius)
+    e = blur_signal(jax.random.normal(key, x.shape, jnp.float32), CORRELATED_NOISE_SIGMA, radius)
     return (x + (s / gain) * e).astype(x.dtype)
 
 
-def random_resized_crop(x: Array, key: Array, strength: float) -> Array:
+def random_signal_resized_crop(x: Array, key: Array, strength: float) -> Array:
     """Time-stretch: a random window of ``length ~ U[(1 - s) L, L]`` resampled back to ``L``.
 
     Strength ``s`` in ``[0, 1)``: the largest fraction of the signal cropped away, so the stretch
     factor ``L / length`` is at most ``1 / (1 - s)``. The window's start is uniform over the
-    positions that keep it inside the signal; resampling is linear (:func:`resized_crop`), so
+    positions that keep it inside the signal; resampling is linear (:func:`resized_crop_signal`), so
     values stay within the input's ``[min, max]``. 0 is the identity; as ``s -> 0`` every read
     position moves by at most ``s L`` samples.
     """
@@ -285,10 +286,10 @@ def random_resized_crop(x: Array, key: Array, strength: float) -> Array:
     u = uniforms(key, 2, x.dtype)
     length = n - s * n * u[0]
     start = u[1] * (n - length)
-    return resized_crop(x, start, length)
+    return resized_crop_signal(x, start, length)
 
 
-def random_flip(x: Array, key: Array, strength: float) -> Array:
+def random_signal_flip(x: Array, key: Array, strength: float) -> Array:
     """Time reversal ``y = x[::-1]`` with probability ``strength`` in ``[0, 1]`` (0: never)."""
     p = check_strength("flip", strength, *LIMITS["flip"])
     if p == 0:
@@ -296,8 +297,8 @@ def random_flip(x: Array, key: Array, strength: float) -> Array:
     return jnp.where(jax.random.bernoulli(key, p), x[::-1], x)
 
 
-def random_brightness(x: Array, key: Array, strength: float) -> Array:
-    """Add one offset ``delta ~ U[-s, s]`` to the whole example (:func:`adjust_brightness`).
+def random_signal_brightness(x: Array, key: Array, strength: float) -> Array:
+    """Add one offset ``delta ~ U[-s, s]`` to the whole example (:func:`adjust_signal_brightness`).
 
     Strength ``s >= 0``: the largest offset, in the signal's units (dataset stds for
     standardised data). 0 is the identity; the change is at most ``s``.
@@ -305,24 +306,24 @@ def random_brightness(x: Array, key: Array, strength: float) -> Array:
     s = check_strength("brightness", strength)
     if s == 0:
         return x
-    return adjust_brightness(x, jax.random.uniform(key, (), x.dtype, -s, s))
+    return adjust_signal_brightness(x, jax.random.uniform(key, (), x.dtype, -s, s))
 
 
-def random_contrast(x: Array, key: Array, strength: float) -> Array:
+def random_signal_contrast(x: Array, key: Array, strength: float) -> Array:
     """Scale about the per-channel mean by ``factor ~ U[max(0, 1 - s), 1 + s]``.
 
-    Strength ``s >= 0``: the largest relative change of amplitude (:func:`adjust_contrast`); the
-    factor never goes below 0, so the signal is never inverted. 0 is the identity; the change is
-    at most ``s max|x - mean|``.
+    Strength ``s >= 0``: the largest relative change of amplitude
+    (:func:`adjust_signal_contrast`); the factor never goes below 0, so the signal is never
+    inverted. 0 is the identity; the change is at most ``s max|x - mean|``.
     """
     s = check_strength("contrast", strength)
     if s == 0:
         return x
-    return adjust_contrast(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
+    return adjust_signal_contrast(x, jax.random.uniform(key, (), x.dtype, max(0.0, 1 - s), 1 + s))
 
 
-def random_blur(x: Array, key: Array, strength: float) -> Array:
-    """Gaussian blur along time with ``sigma ~ U[0.1, 1] strength`` samples (:func:`blur`).
+def random_signal_blur(x: Array, key: Array, strength: float) -> Array:
+    """Gaussian blur along time with ``sigma ~ U[0.1, 1] strength`` samples (:func:`blur_signal`).
 
     Strength ``s >= 0``: the largest sigma, in samples (``s = 1``: sigma in [0.1, 1] samples).
     The kernel half-width is static, ``max(1, ceil(3 s))``; the ends are edge-replicated, so a
@@ -332,10 +333,10 @@ def random_blur(x: Array, key: Array, strength: float) -> Array:
     if s == 0:
         return x
     sigma = jax.random.uniform(key, (), x.dtype, 0.1, 1.0) * s
-    return blur(x, sigma, blur_radius(s))
+    return blur_signal(x, sigma, blur_radius(s))
 
 
-def gaussian_noise(x: Array, key: Array, strength: float) -> Array:
+def signal_gaussian_noise(x: Array, key: Array, strength: float) -> Array:
     """Add i.i.d. ``N(0, s²)`` noise to every sample and channel.
 
     Strength ``s >= 0``: the noise's standard deviation in the signal's units (dataset stds for
@@ -347,12 +348,12 @@ def gaussian_noise(x: Array, key: Array, strength: float) -> Array:
     return (x + s * jax.random.normal(key, x.shape, x.dtype)).astype(x.dtype)
 
 
-def random_cutout(x: Array, key: Array, strength: float) -> Array:
+def random_signal_cutout(x: Array, key: Array, strength: float) -> Array:
     """Mean-fill one random window of ``length ~ U{1, .., m}`` samples, ``m = round(s L)``.
 
     Strength ``s`` in ``[0, 1]``: the longest window as a fraction of the length. The window lies
     inside the signal, its start uniform; it is filled with the example's per-channel mean
-    (:func:`mask`; for standardised data close to the dataset mean 0, and always within the
+    (:func:`mask_signal`; for standardised data close to the dataset mean 0, and always within the
     input's ``[min, max]``). 0 (and anything below ``0.5 / L``) is the identity.
     """
     n = x.shape[0]
@@ -362,20 +363,20 @@ def random_cutout(x: Array, key: Array, strength: float) -> Array:
     u = uniforms(key, 2)
     length = uniform_integer(u[0], 1, m)
     start = uniform_integer(u[1], 0, n - length)
-    return mask(x, start, length)
+    return mask_signal(x, start, length)
 
 
 OPS: dict[str, Callable[[Array, Array, float], Array]] = {
-    "resized_crop": random_resized_crop,
+    "resized_crop": random_signal_resized_crop,
     "roll": random_roll,
-    "shift": random_shift,
-    "flip": random_flip,
-    "brightness": random_brightness,
-    "contrast": random_contrast,
+    "shift": random_signal_shift,
+    "flip": random_signal_flip,
+    "brightness": random_signal_brightness,
+    "contrast": random_signal_contrast,
     "trend": random_trend,
-    "blur": random_blur,
-    "noise": gaussian_noise,
+    "blur": random_signal_blur,
+    "noise": signal_gaussian_noise,
     "corr_noise": correlated_noise,
-    "cutout": random_cutout,
+    "cutout": random_signal_cutout,
 }
 """The signal ops by config name, in the order they are applied."""
