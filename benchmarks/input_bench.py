@@ -27,9 +27,9 @@ def measure(name: str, batch: int, steps: int, threads: int) -> float:
     import jax
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.data import default_config, train_iterator
+    from contrastive_jax.training.data import default_data_config, train_iterator
 
-    config = default_config()
+    config = default_data_config()
     config.update({"name": name, "batch_size": batch, "num_threads": threads})
     stream = train_iterator(config, make_mesh({"data": 1}, jax.devices()[:1]))
     jax.block_until_ready(next(stream))

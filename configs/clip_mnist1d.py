@@ -21,13 +21,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = base_config()
     config.seed = v.seed
     config.num_epochs = v.epochs
-    config.data = data.default_config()
+    config.data = data.default_data_config()
     config.data.update({"name": "digit_captions/mnist1d", "batch_size": v.batch,
                         "seed": v.seed, "features": ("signal", "caption", "caption_id",
                                                      "label")})
     config.input_key = "signal"
     config.text_key = "caption"
-    config.augment = augmentations.default_config("signal")
+    config.augment = augmentations.default_augment_config("signal")
     config.model = {
         "name": "dual_encoder",
         "sample_encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),

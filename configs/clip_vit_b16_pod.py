@@ -97,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
               pretrained="", mode="locked")
     config = base_config()
-    config.data = data.default_config()
+    config.data = data.default_data_config()
     split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
     if v.shards:  # a dataset written by convert_shards: one split, its first examples held out
         if not v.steps:
@@ -124,7 +124,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                               "tokenizer": {"kind": "sentencepiece", "path": v.tokenizer}}
     config.input_key = "image"
     config.text_key = "caption"
-    config.augment = augmentations.default_config("image")
+    config.augment = augmentations.default_augment_config("image")
     config.augment.update({"resized_crop": 0.0, "shift": 0.0, "rotation": 0.0, "flip": 0.5,
                            "brightness": 0.0, "contrast": 0.0, "saturation": 0.0, "hue": 0.0,
                            "grayscale": 0.0, "blur": 0.0, "noise": 0.0, "cutout": 0.0})

@@ -21,7 +21,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = base_config()
     config.seed = v.seed
     config.total_steps = v.steps
-    config.data = data.default_config()
+    config.data = data.default_data_config()
     config.data.update({"name": "correlated_gaussians", "batch_size": v.batch, "seed": v.seed,
                         "options": {"dim": v.dim, "mutual_information": float(v.mi),
                                     "num_examples": {"train": 256_000, "test": 10_000}}})

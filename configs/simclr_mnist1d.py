@@ -19,10 +19,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = base_config()
     config.seed = v.seed
     config.num_epochs = v.epochs
-    config.data = data.default_config()
+    config.data = data.default_data_config()
     config.data.update({"name": "mnist1d", "batch_size": v.batch, "seed": v.seed})
     config.input_key = "signal"
-    config.augment = augmentations.default_config("signal")
+    config.augment = augmentations.default_augment_config("signal")
     config.model = {
         "name": "projected_encoder",
         # full time resolution, mean-pooled: MNIST-1D translates its digits circularly, so

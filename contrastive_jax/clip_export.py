@@ -83,8 +83,8 @@ COMMAND = command_line.Command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
     None): 0 when exported; an error a user can fix prints ``error: ...`` and returns 2
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _export, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _export, argv)
 
 
 def _export(positional: list[str]) -> None:

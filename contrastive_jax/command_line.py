@@ -3,7 +3,7 @@
 Every ``python -m`` command of the package (``contrastive_jax.main``, ``.plan``, ``.demo``,
 ``.clip_export``, ``.training.data.prepare``, ``.training.data.build_tokenizer``,
 ``.training.data.convert_shards``, ``.training.models.converters.clip_import``,
-``.training.models.converters.big_vision_import``) is a :class:`Command` run by :func:`run`,
+``.training.models.converters.big_vision_import``) is a :class:`Command` run by :func:`run_command`,
 which gives each the same command line:
 
 - ``--help``, ``-h``, ``--helpshort``, ``--helpfull``: the command's docstring as plain text
@@ -77,7 +77,7 @@ class Command:
     configs: bool = False
 
 
-def run(command: Command, main: Callable[[list[str]], int | None],
+def run_command(command: Command, main: Callable[[list[str]], int | None],
         argv: Sequence[str] | None = None) -> int:
     """Run ``main(positional arguments)`` with ``command``'s flags parsed from ``argv`` (the
     arguments after the program name; ``sys.argv[1:]`` when None); the exit status.

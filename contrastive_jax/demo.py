@@ -86,8 +86,8 @@ COMMAND = command_line.Command(program="python -m contrastive_jax.demo", doc=__d
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m contrastive_jax.demo`` (``argv``: its arguments, ``sys.argv[1:]`` when
     None): the losses, then the gradient-check table; the exit status
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _tour, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _tour, argv)
 
 
 def _tour(positional: list[str]) -> None:

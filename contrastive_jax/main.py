@@ -47,7 +47,7 @@ from contrastive_jax.errors import (
 from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
 from contrastive_jax.training.run.distributed import (
     check_same_config,
-    initialize,
+    join_job,
     launch_settings,
 )
 from contrastive_jax.training.run.workdir.workdir_path import is_remote, workdir_path
@@ -81,7 +81,7 @@ def check_workdir(workdir: str) -> None:
                            "--workdir") from None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_trainer_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with the user's mistakes in it turned into :class:`ConfigError`.
 
     An unknown config key, a bad variant, a value that does not parse, a config file that
@@ -149,7 +149,7 @@ def load_config():
     return config
 
 
-def main(positional: list[str]) -> None:
+def _train(positional: list[str]) -> None:
     """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing; the command
     takes no positional arguments: :data:`COMMAND`)."""
     del positional  # always empty
@@ -158,7 +158,7 @@ def main(positional: list[str]) -> None:
     config = load_config()
     check_workdir(_WORKDIR.value)
     enable_compilation_cache()
-    initialize(launch_settings(config.get("launch")))
+    join_job(launch_settings(config.get("launch")))
     check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
@@ -178,16 +178,16 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 PROGRAM = "python -m contrastive_jax.main"
 COMMAND = command_line.Command(
     program=PROGRAM, doc=__doc__, flag_names=("config", "workdir", "accept_config_change"),
-    required=("config", "workdir"), parse=parse_flags, configs=True)
+    required=("config", "workdir"), parse=parse_trainer_flags, configs=True)
 
 
-def run(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """The command line (``argv``: the arguments, ``sys.argv[1:]`` when None), through
-    :func:`contrastive_jax.command_line.run`: the project's own errors as one paragraph and
+    :func:`contrastive_jax.command_line.run_command`: the project's own errors as one paragraph and
     exit status 2; so is a write the system refused (:func:`storage_cause`)."""
     sys.unraisablehook = _drop_closed_loop_callbacks
     try:
-        status = command_line.run(COMMAND, main, argv)
+        status = command_line.run_command(COMMAND, _train, argv)
     except Exception as err:  # a write the system refused is the user's to fix, not a bug
         cause = storage_cause(err)
         if cause is None or os.environ.get(command_line.TRACEBACK_ENV):
@@ -198,4 +198,4 @@ def run(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    run()
+    main()

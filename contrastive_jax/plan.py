@@ -451,7 +451,7 @@ def target_from_flags() -> Target | None:
     return target
 
 
-def main(argv: Sequence[str]) -> None:
+def _plan(argv: Sequence[str]) -> None:
     """Plan ``--config`` for ``--slice``/``--gpus`` (or on ``--devices`` fake CPU devices) and
     print the tables."""
     import jax
@@ -519,21 +519,21 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
             "speed": None if speed is None else dataclasses.asdict(speed)}
 
 
-def run(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """The command line (``argv``: its arguments, ``sys.argv[1:]`` when None) through
-    :func:`contrastive_jax.command_line.run`: help with the config files, ``--jax_*`` flags,
+    :func:`contrastive_jax.command_line.run_command`: help with the config files, ``--jax_*`` flags,
     the project's errors as ``error: ...`` and exit status 2."""
     from contrastive_jax import command_line
-    from contrastive_jax.main import parse_flags  # defines --config
+    from contrastive_jax.main import parse_trainer_flags  # defines --config
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     names = ("config", *(f.name for f in (_DEVICES, _SLICE, _GPUS, _MFU, _SEARCH, _JSON,
                                           _CHIPS)))
-    sys.exit(command_line.run(command_line.Command(
+    sys.exit(command_line.run_command(command_line.Command(
         program="python -m contrastive_jax.plan", doc=__doc__, flag_names=names,
-        required=("config",), parse=parse_flags, configs=True), main, argv))
+        required=("config",), parse=parse_trainer_flags, configs=True), _plan, argv))
 
 
 if __name__ == "__main__":
-    run()
+    main()
 

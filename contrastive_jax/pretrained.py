@@ -229,7 +229,8 @@ def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None
     block = open_clip_config.model_block(source.model_cfg, timm_args=source.timm_args)
     return (block.model, open_clip_sources.tokenizer_spec(block.tokenizer, source.directory,
                                                           source.model_cfg.get("text_cfg")),
-            open_clip_sources.preprocess(source, block.model["sample_encoder"]["image_size"]))
+            open_clip_sources.source_preprocess(source,
+                                                block.model["sample_encoder"]["image_size"]))
 
 
 def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32"):

@@ -7,7 +7,7 @@
 that child's ``train.train_and_evaluate`` raise ``RuntimeError(message)`` (a bug in the
 trainer, to check what the command line does with one). The interpreter imports the
 command line (and the trainer it imports) once, then forks one child per command: the child
-parses its own flags (the parent never parses any) and runs ``main.run()``, as
+parses its own flags (the parent never parses any) and runs ``main.main()``, as
 ``python -m contrastive_jax.main`` does, with its stdout and stderr in files; its exit status
 is the one that command would have (an uncaught exception: its traceback and 1, as the
 interpreter does). Prints a JSON list of ``{"returncode", "stdout", "stderr"}``. The test suite
@@ -45,7 +45,7 @@ def run_in_child(args: list[str], env: dict[str, str], out_path: str, err_path: 
 
             train.train_and_evaluate = raise_bug
         try:
-            main.run()
+            main.main()
             code = 0
         except SystemExit as stop:
             if stop.code is None or isinstance(stop.code, int):

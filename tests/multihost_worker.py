@@ -15,7 +15,7 @@ import sys
 import jax
 
 from contrastive_jax.mesh import global_batch
-from contrastive_jax.training.run.distributed import Launch, initialize
+from contrastive_jax.training.run.distributed import Launch, join_job
 
 ROWS, DIM = 16, 6
 DATA_BATCH, DATA_SEED, DATA_STEPS = 8, 3, 3
@@ -49,7 +49,7 @@ def die_and_wait(process_id: int) -> None:
 
 def main(process_id: int, port: str, mode: str = "compare") -> None:
     jax.config.update("jax_num_cpu_devices", 2)
-    initialize(Launch(mode="explicit", coordinator_address=f"127.0.0.1:{port}",
+    join_job(Launch(mode="explicit", coordinator_address=f"127.0.0.1:{port}",
                       num_processes=2, process_id=process_id,
                       initialization_timeout_s=60,
                       heartbeat_timeout_s=5 if mode == "die" else 10))
@@ -84,9 +84,9 @@ def main(process_id: int, port: str, mode: str = "compare") -> None:
     for key, (loss, grads) in every_loss(gx, gy).items():
         grads = multihost_utils.process_allgather(grads, tiled=True)
         out[key] = {"loss": float(loss), "grads": [np.asarray(g).tolist() for g in grads]}
-    from contrastive_jax.training.data import default_config, train_iterator
+    from contrastive_jax.training.data import default_data_config, train_iterator
 
-    config = default_config()
+    config = default_data_config()
     config.update({"name": "digits", "batch_size": DATA_BATCH, "seed": DATA_SEED})
     stream = train_iterator(config, mesh)
     out["data/indices"] = [

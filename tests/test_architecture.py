@@ -239,3 +239,29 @@ def test_every_folder_of_the_package_holds_at_most_ten_modules():
                if len(names) > MAX_MODULES_PER_FOLDER}
     assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules: {crowded}"
     assert len(counts) >= 15  # the walk did find the package's folders
+
+
+# Every command module's entry point is ``main(argv=None)`` (``python -m`` runs it; the tests
+# call ``module.main([...])``): the one public name that several modules share by design.
+SHARED_ENTRY_POINT = "main"
+
+
+def _top_level_names(kind) -> dict[str, list[str]]:
+    """``{name: [module files]}`` of the package's top-level classes (``kind`` ClassDef) or
+    public functions (FunctionDef) defined in more than one module."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, kind) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
+    return {name: where for name, where in found.items() if len(where) > 1}
+
+
+def test_no_two_classes_and_no_two_public_functions_share_a_name():
+    """A name says which thing it is: a reader who meets ``Block`` or ``convert`` in a
+    traceback or an import knows the module without looking (the commands' ``main`` aside)."""
+    assert _top_level_names(ast.ClassDef) == {}
+    shared = _top_level_names((ast.FunctionDef, ast.AsyncFunctionDef))
+    assert set(shared) <= {SHARED_ENTRY_POINT}, {k: v for k, v in shared.items()
+                                                 if k != SHARED_ENTRY_POINT}
+    assert len(shared.get(SHARED_ENTRY_POINT, [])) >= 9  # every command module has one

@@ -13,7 +13,7 @@ from contrastive_jax.training.augmentations import (
     SIGNAL_OPS,
     augment,
     augment_each,
-    default_config,
+    default_augment_config,
     image,
     signal,
     two_views,
@@ -418,7 +418,7 @@ def test_cutout_fills_one_window_with_the_mean_or_zeros():
 @pytest.mark.parametrize("kind", ["signal", "image"])
 def test_two_views_are_independent_augmentations(kind):
     x = _data(kind, c=1)  # MNIST-1D signals, 8x8-digit-like grayscale images
-    config = default_config(kind)
+    config = default_augment_config(kind)
     v1, v2 = two_views(x, jax.random.key(0), config)
     assert v1.shape == v2.shape == x.shape and v1.dtype == v2.dtype == x.dtype
     if kind == "image":
@@ -439,7 +439,7 @@ def test_two_views_are_independent_augmentations(kind):
 @pytest.mark.parametrize("kind", ["signal", "image"])
 def test_two_views_under_jit(kind):
     x = _data(kind, c=1)
-    config = default_config(kind)
+    config = default_augment_config(kind)
     eager = two_views(x, jax.random.key(3), config)
     # The recommended way: the config bound with functools.partial (a ConfigDict is unhashable).
     if kind == "image":  # (one compilation per kind: the two ways share the code path)
@@ -473,10 +473,11 @@ def test_two_views_is_augment_with_split_keys_and_keeps_dtype():
 
 def test_default_configs_list_every_op():
     for kind, ops in (("signal", SIGNAL_OPS), ("image", IMAGE_OPS)):
-        config = default_config(kind)
+        config = default_augment_config(kind)
         assert set(config.keys()) == {"kind", *ops}
         assert all(isinstance(config[op], float) and config[op] >= 0 for op in ops)
-    assert default_config("signal").flip == 0.0 and default_config("image").flip == 0.0
+    assert default_augment_config("signal").flip == 0.0
+    assert default_augment_config("image").flip == 0.0
     assert SIGNAL_OPS[:3] == ("resized_crop", "roll", "shift") and SIGNAL_OPS[-1] == "cutout"
     assert IMAGE_OPS.index("rotation") < IMAGE_OPS.index("brightness") < IMAGE_OPS.index("blur")
 
@@ -487,7 +488,7 @@ def test_default_configs_list_every_op():
 
 def test_wrong_shapes_and_dtypes_are_value_errors():
     key = jax.random.key(0)
-    sig, img = default_config("signal"), default_config("image")
+    sig, img = default_augment_config("signal"), default_augment_config("image")
     with pytest.raises(
         ValueError,
         match=r"\(batch, length, channels\); got shape \(16, 40\): "
@@ -531,7 +532,7 @@ def test_bad_configs_are_value_errors():
     with pytest.raises(ValueError, match="kind"):
         augment(x, key, {"noise": 0.1})
     with pytest.raises(ValueError, match="kind must be one of"):
-        default_config("audio")
+        default_augment_config("audio")
     with pytest.raises(ValueError, match="'shift' must be finite"):
         signal.random_signal_shift(jnp.asarray(x[0]), key, -0.2)
 
@@ -573,7 +574,7 @@ def test_per_example_keys_make_views_independent_of_the_batch(kind):
 
     shape = (16, 40, 1) if kind == "signal" else (16, 8, 8, 3)
     x = jax.random.uniform(jax.random.key(1), shape)
-    config = default_config(kind)
+    config = default_augment_config(kind)
     keys = jax.random.split(jax.random.key(2), 16)
     v1, v2 = two_views_each(x, keys, config)
     order = np.r_[8:16, 0:8]

@@ -71,7 +71,7 @@ def test_exact_gelu_computes_what_open_clip_computes():
     """activation="gelu" is open_clip's reading of the file: float32 within 1e-5 of open_clip's
     float64 outputs (measured ~1.3e-7), float64 within 1e-12 (measured ~5e-16)."""
     ref = reference()
-    config, params = big_vision_import.convert(CHECKPOINT, activation="gelu", **HEADS)
+    config, params = big_vision_import.convert_npz(CHECKPOINT, activation="gelu", **HEADS)
     assert config["sample_encoder"]["activation"] == config["text_encoder"]["activation"] == "gelu"
     x, y, logits = jitted_outputs(model_with(config, params),
                                   jnp.asarray(ref["images"], jnp.float32), ref["texts"])
@@ -93,7 +93,7 @@ def test_default_tanh_gelu_differs_from_open_clip_by_a_measured_amount():
     the image features by 3.1e-5, the text features by 9.3e-5 and the logits by 6.7e-5
     relative to open_clip's exact-GELU reading (measured): a real choice, and a small one."""
     ref = reference()
-    config, params = big_vision_import.convert(CHECKPOINT, **HEADS)
+    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
     assert config["sample_encoder"]["activation"] == config["text_encoder"]["activation"] \
         == "gelu_tanh"
     with jax.enable_x64(True):  # the difference itself, without float32 rounding
@@ -187,7 +187,7 @@ def test_float64_equals_numpy_transcription_of_big_vision(tmp_path, image_head):
         np.savez(path, **{k: v.astype(np.float32) for k, v in arrays.items()})
         arrays = {k: v.astype(np.float32).astype(np.float64) for k, v in arrays.items()}
     ref = reference()
-    config, params = big_vision_import.convert(path, **HEADS)
+    config, params = big_vision_import.convert_npz(path, **HEADS)
     assert config["sample_projection"] == ("linear_bias" if image_head else "none")
     with jax.enable_x64(True):
         x, y, logits = jitted_outputs(model_with(config, as_float64(params)),
@@ -201,7 +201,7 @@ def test_float64_equals_numpy_transcription_of_big_vision(tmp_path, image_head):
 
 
 def test_converted_config_is_siglip():
-    config, params = big_vision_import.convert(CHECKPOINT, **HEADS)
+    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
     vision, text = config["sample_encoder"], config["text_encoder"]
     assert {k: vision[k] for k in ("image_size", "patch", "in_channels", "width", "depth",
                                    "heads", "mlp_width")} == {
@@ -254,8 +254,8 @@ def test_other_layouts_give_the_same_parameters(tmp_path, layout):
         arrays = {k: v.astype(ml_dtypes.bfloat16) for k, v in arrays.items()}
     path = tmp_path / f"{layout}.npz"
     np.savez(path, **arrays)
-    config, params = big_vision_import.convert(CHECKPOINT, **HEADS)
-    got_config, got = big_vision_import.convert(path, **HEADS)
+    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
+    got_config, got = big_vision_import.convert_npz(path, **HEADS)
     assert got_config == config or layout == "bfloat16"
     want = params
     if layout == "bfloat16":
@@ -305,7 +305,7 @@ BLOCK = "params/txt/Encoder_0/encoderblock_1/"
 ])
 def test_mismatching_checkpoint_names_the_npz_key(tmp_path, edit, named):
     with pytest.raises(ConfigError, match=named):
-        big_vision_import.convert(edited(tmp_path, edit), **HEADS)
+        big_vision_import.convert_npz(edited(tmp_path, edit), **HEADS)
 
 
 def test_a_scanned_stack_of_another_depth_names_the_npz_key(tmp_path):
@@ -317,18 +317,18 @@ def test_a_scanned_stack_of_another_depth_names_the_npz_key(tmp_path):
     with pytest.raises(ConfigError, match=r"scanned text blocks do not share one leading depth "
                                           r"axis: .* 'params/txt/Encoder_0/encoderblock/"
                                           r"LayerNorm_1/bias' \(1, 12\)"):
-        big_vision_import.convert(path, **HEADS)
+        big_vision_import.convert_npz(path, **HEADS)
     arrays = scanned(dict(np.load(CHECKPOINT)))
     arrays["params/img/Transformer/encoderblock_0/LayerNorm_0/scale"] = np.ones(16, np.float32)
     np.savez(path, **arrays)
     with pytest.raises(ConfigError, match="both a scanned stack"):
-        big_vision_import.convert(path, **HEADS)
+        big_vision_import.convert_npz(path, **HEADS)
     arrays = scanned(dict(np.load(CHECKPOINT)))  # a missing array: the stack's key
     del arrays["params/img/Transformer/encoderblock/MlpBlock_0/Dense_1/bias"]
     np.savez(path, **arrays)
     with pytest.raises(ConfigError, match="no array 'params/img/Transformer/encoderblock/"
                                           "MlpBlock_0/Dense_1/bias'"):
-        big_vision_import.convert(path, **HEADS)
+        big_vision_import.convert_npz(path, **HEADS)
 
 
 def test_unreadable_files_name_the_file(tmp_path):
@@ -343,7 +343,7 @@ def test_unreadable_files_name_the_file(tmp_path):
                         ("objects.npz", "cannot be read"),
                         ("missing.npz", "does not exist")):
         with pytest.raises(ConfigError, match=match) as info:
-            big_vision_import.convert(tmp_path / name, **HEADS)
+            big_vision_import.convert_npz(tmp_path / name, **HEADS)
         assert name in str(info.value)
 
 
@@ -351,12 +351,12 @@ def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_fl
     arrays = big_vision_import.load_npz(CHECKPOINT)
     with pytest.raises(ConfigError, match=r"vision width 16 is none of big_vision's variants"
                                           r".*set --vision_heads"):
-        big_vision_import.architecture(arrays, text_heads=2)
+        big_vision_import.npz_architecture(arrays, text_heads=2)
     with pytest.raises(ConfigError, match="text heads = 5 must be a positive divisor of the "
                                           "text width 12; set --text_heads"):
-        big_vision_import.architecture(arrays, vision_heads=2, text_heads=5)
+        big_vision_import.npz_architecture(arrays, vision_heads=2, text_heads=5)
     with pytest.raises(ConfigError, match="vision heads = 3 must be a positive divisor"):
-        big_vision_import.convert(CHECKPOINT, vision_heads=3, text_heads=2)
+        big_vision_import.convert_npz(CHECKPOINT, vision_heads=3, text_heads=2)
     # shapes of a SigLIP B/16 (widths 768): 12 heads, with a warning naming the variant
     zeros = np.zeros
     wide = big_vision_import.Arrays({
@@ -372,7 +372,7 @@ def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_fl
         "txt/head/kernel": zeros((768, 768), np.float32),
         "t": zeros(1, np.float32), "b": zeros(1, np.float32)}, {})
     with pytest.warns(UserWarning) as record:
-        config = big_vision_import.architecture(wide)
+        config = big_vision_import.npz_architecture(wide)
     assert [str(w.message).split(";")[0] for w in record] == [
         f"{tower} heads = 12 assumed from the width 768 (big_vision's variant B)"
         for tower in ("vision", "text")]
@@ -381,14 +381,14 @@ def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_fl
     assert config["sample_encoder"]["image_size"] == 224
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # told: no warning
-        big_vision_import.architecture(wide, vision_heads=12, text_heads=12)
+        big_vision_import.npz_architecture(wide, vision_heads=12, text_heads=12)
     wide.arrays["t"] = np.full(1, math.log(117.0), np.float32)  # big_vision has no cap on exp(t)
     with pytest.warns(UserWarning, match=r"exp\(t\) = 117 is above this project's default cap "
                                          r"loss.max_scale = 100 .* float\('inf'\)"):
-        big_vision_import.architecture(wide, vision_heads=12, text_heads=12)
+        big_vision_import.npz_architecture(wide, vision_heads=12, text_heads=12)
     with pytest.raises(ConfigError, match=r"activation 'quick_gelu' is not supported; valid: "
                                           r"\['gelu_tanh', 'gelu'\]"):
-        big_vision_import.architecture(wide, activation="quick_gelu", vision_heads=12,
+        big_vision_import.npz_architecture(wide, activation="quick_gelu", vision_heads=12,
                                        text_heads=12)
 
 
@@ -399,7 +399,7 @@ def test_command_line_writes_a_directory_that_reads_back(tmp_path, capsys):
                                    "--activation=gelu"]) == 0
     printed = capsys.readouterr().out
     assert "12,594 parameters" in printed and "activation gelu" in printed
-    config, params = big_vision_import.convert(CHECKPOINT, activation="gelu", **HEADS)
+    config, params = big_vision_import.convert_npz(CHECKPOINT, activation="gelu", **HEADS)
     assert json.loads((out / "model.json").read_text()) == config
     assert json.loads((out / "preprocess.json").read_text()) == {
         "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "resize": "bilinear",

@@ -64,7 +64,7 @@ def test_exported_fixture_is_the_original_state_dict(case, tmp_path):
         original, extra = load_file(WEIGHTS), [f"--timm_model_name={TINY_TIMM}"]
     else:
         path = FIXTURES / f"open_clip_tiny_{case}.safetensors"
-        block, params = clip_import.convert(path, quick_gelu=case == "quickgelu",
+        block, params = clip_import.convert_checkpoint(path, quick_gelu=case == "quickgelu",
                                             vision_heads=2, text_heads=2)
         pixels, original, extra = CLIP_PREPROCESS, load_file(path), []
     converted_directory.save_converted(tmp_path / "converted", block, params, preprocess=pixels)

@@ -72,7 +72,7 @@ def jitted_outputs(model, images, texts):
 
 @pytest.mark.parametrize("path,quick_gelu", [(QUICK, None), (EXACT, False)])
 def test_forward_parity_with_open_clip(path, quick_gelu):
-    config, params = clip_import.convert(path, quick_gelu=quick_gelu, **HEADS)
+    config, params = clip_import.convert_checkpoint(path, quick_gelu=quick_gelu, **HEADS)
     reference = np.load(path.with_suffix(".npz"))
     model = model_with(config, params)
     x, y, logits = jitted_outputs(model, reference["images"], reference["texts"])
@@ -82,13 +82,14 @@ def test_forward_parity_with_open_clip(path, quick_gelu):
               rel_error(logits, reference["logits_per_image"])]
     assert max(errors) < 1e-5, errors
     # the fixture tells the activations apart: the other one is far off
-    wrong = model_with(*clip_import.convert(path, quick_gelu=quick_gelu is False, **HEADS))
+    wrong = model_with(*clip_import.convert_checkpoint(path, quick_gelu=quick_gelu is False,
+                                                       **HEADS))
     assert rel_error(wrong.embed_texts(jnp.asarray(reference["texts"])),
                      reference["text_features"]) > 1e-3
 
 
 def test_converted_config_is_clip():
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     vision, text = config["sample_encoder"], config["text_encoder"]
     assert (vision["image_size"], vision["patch"], vision["width"], vision["depth"],
             vision["heads"]) == (16, 4, 32, 2, 2)
@@ -178,7 +179,7 @@ def test_float64_equals_numpy_transcription_of_clip(path, quick_gelu):
 
 
 def test_argmax_pooling_sees_only_up_to_the_end_token_under_the_causal_mask():
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     texts = np.asarray(np.load(QUICK.with_suffix(".npz"))["texts"])
     model = model_with(config, params)
     changed = texts.copy()
@@ -203,7 +204,7 @@ def clip_loss_grads(model, images, texts):
 def test_remat_gives_the_same_gradients_float64():
     reference = np.load(QUICK.with_suffix(".npz"))
     with jax.enable_x64(True):
-        config, params = clip_import.convert(QUICK, **HEADS)
+        config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
         params = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
         images = jnp.asarray(reference["images"], jnp.float64)
         # both gradients in one jitted program (op by op, each op of the two backward passes
@@ -224,7 +225,7 @@ def test_remat_gives_the_same_gradients_float64():
 
 
 def test_bfloat16_compute_stays_close_to_open_clip():
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     reference = np.load(QUICK.with_suffix(".npz"))
     model = model_with(config, params, dtype="bfloat16", remat=True)
     x, y, logits = jitted_outputs(model, reference["images"], reference["texts"])
@@ -235,7 +236,7 @@ def test_bfloat16_compute_stays_close_to_open_clip():
 
 
 def test_saved_directory_restores_the_same_model(tmp_path):
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
     converted_directory.save_converted(out, config, params)
     assert json.loads((out / "model.json").read_text()) == config
@@ -268,7 +269,7 @@ def test_command_line(tmp_path, capsys):
 
 def test_quick_gelu_must_be_told_when_the_file_does_not_say():
     with pytest.raises(ConfigError, match="quick_gelu=True"):
-        clip_import.convert(EXACT, **HEADS)
+        clip_import.convert_checkpoint(EXACT, **HEADS)
     assert clip_state_dict._quick_gelu_from_name("ViT-B-32-quickgelu.safetensors") is True
     assert clip_state_dict._quick_gelu_from_name("openai_vit_b32.safetensors") is True
 
@@ -299,7 +300,7 @@ def test_mismatching_checkpoint_names_the_tensor(edit, named):
 def test_heads_default_to_width_over_64_and_must_divide_the_width():
     tensors = clip_import.load_state_dict(QUICK)  # width 32: 32 // 64 = 0 heads
     with pytest.raises(ConfigError, match=r"vision heads = 0 .* set --vision_heads"):
-        clip_state_dict.architecture(tensors, quick_gelu=True, text_heads=2)
+        clip_state_dict.state_dict_architecture(tensors, quick_gelu=True, text_heads=2)
     wide = {"visual.conv1.weight": np.zeros((128, 3, 4, 4)), "visual.ln_pre.weight": np.ones(128),
             "visual.positional_embedding": np.zeros((17, 128)),
             "visual.transformer.resblocks.0.mlp.c_fc.weight": np.zeros((500, 128)),
@@ -307,12 +308,12 @@ def test_heads_default_to_width_over_64_and_must_divide_the_width():
             "positional_embedding": np.zeros((16, 192)),
             "transformer.resblocks.0.mlp.c_fc.weight": np.zeros((768, 192)),
             "text_projection": np.zeros((192, 24)), "logit_scale": np.zeros(())}
-    config = clip_state_dict.architecture(wide, quick_gelu=False)
+    config = clip_state_dict.state_dict_architecture(wide, quick_gelu=False)
     assert config["sample_encoder"]["heads"] == 2 and config["text_encoder"]["heads"] == 3
     assert config["sample_encoder"]["mlp_width"] == 500  # not 4 x 128
     assert "mlp_width" not in config["text_encoder"]  # 4 x 192
     with pytest.raises(ConfigError, match="vision heads = 3 must be a positive divisor"):
-        clip_state_dict.architecture(wide, quick_gelu=False, vision_heads=3)
+        clip_state_dict.state_dict_architecture(wide, quick_gelu=False, vision_heads=3)
 
 
 def test_torch_files_need_torch(tmp_path, monkeypatch):
@@ -341,7 +342,7 @@ def test_a_torchscript_archive_is_refused_unless_allowed(tmp_path, monkeypatch, 
                                           r"runs code .* pass --allow_torchscript"):
         clip_import.load_state_dict(path)
     with pytest.raises(ConfigError, match="TorchScript archive"):
-        clip_import.convert(path, quick_gelu=True)
+        clip_import.convert_checkpoint(path, quick_gelu=True)
     assert clip_import.main([f"--checkpoint={path}", f"--output={tmp_path / 'out'}"]) == 2
     assert "--allow_torchscript" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -410,7 +411,7 @@ def test_bfloat16_safetensors_read_as_float32(tmp_path):
 
 
 def test_mlp_width_sets_the_hidden_layer():
-    config, _ = clip_import.convert(QUICK, **HEADS)
+    config, _ = clip_import.convert_checkpoint(QUICK, **HEADS)
     vit = {**config["sample_encoder"], "mlp_width": 20}
     state = nnx.to_pure_dict(nnx.state(nnx.eval_shape(
         lambda: build_model({**config, "sample_encoder": vit}, nnx.Rngs(0))), nnx.Param))
@@ -423,7 +424,7 @@ def test_mlp_width_sets_the_hidden_layer():
 
 
 def test_non_finite_pixels_give_non_finite_embeddings():
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     reference = np.load(QUICK.with_suffix(".npz"))
     images = np.array(reference["images"])
     images[1, 3, 5, 0] = np.nan
@@ -436,7 +437,7 @@ def test_non_finite_pixels_give_non_finite_embeddings():
 
 def test_bare_conversion_states_its_assumptions():
     with pytest.warns(clip_state_dict.AssumptionWarning) as caught:
-        clip_import.convert(EXACT, quick_gelu=False, **HEADS)
+        clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
     (message,) = [str(w.message) for w in caught]
     assert message == (
         "converted from tensor shapes alone (no open_clip config), assuming image heads 2 (from "
@@ -465,4 +466,4 @@ def test_not_a_clip_is_said_before_asking_for_the_activation(tmp_path, extra, na
     path = tmp_path / "model.safetensors"
     save_file({k: np.asarray(v, np.float32) for k, v in tensors.items()}, path)
     with pytest.raises(ConfigError, match=named):
-        clip_import.convert(path)
+        clip_import.convert_checkpoint(path)

@@ -192,12 +192,12 @@ def test_jax_flags_are_set_before_the_command_runs_and_own_flags_start_from_defa
 
     before = (jax.config.jax_log_compiles, jax.config.jax_default_matmul_precision)
     try:
-        assert command_line.run(command, main, [
+        assert command_line.run_command(command, main, [
             "a", "--jax_log_compiles", "--size=5", "--jax_default_matmul_precision", "highest",
             "b", "--", "--jax_enable_x64"]) == 7
         assert seen[-1] == (["a", "b", "--jax_enable_x64"], 5, True, "highest")
         assert not jax.config.jax_enable_x64  # after "--": an argument, not a flag
-        assert command_line.run(command, main, ["--nojax_log_compiles"]) == 7
+        assert command_line.run_command(command, main, ["--nojax_log_compiles"]) == 7
         assert seen[-1] == ([], 1, False, "highest")  # --size back to its default
     finally:
         jax.config.update("jax_log_compiles", before[0])
@@ -211,4 +211,4 @@ def test_jax_flags_are_set_before_the_command_runs_and_own_flags_start_from_defa
                                        "'/nonexistent/0.tar' matches no file\n")
     monkeypatch.setenv(command_line.TRACEBACK_ENV, "1")  # the traceback, for a user error
     with pytest.raises(command_line.ConfigError, match="unknown flag --no_such_flag"):
-        command_line.run(command, main, ["--no_such_flag"])
+        command_line.run_command(command, main, ["--no_such_flag"])

@@ -87,8 +87,8 @@ def shards(tmp_path_factory):
 def test_shards_become_a_dataset_that_training_reads_with_bad_members_counted(tmp_path, shards):
     folder, want = shards
     lines = []
-    report = convert_shards.convert([str(folder / "{00000..00003}.tar")], "web", str(tmp_path),
-                                    workers=2, log=lines.append)
+    report = convert_shards.convert_dataset([str(folder / "{00000..00003}.tar")], "web",
+                                            str(tmp_path), workers=2, log=lines.append)
     assert report["examples"] == len(want["captions"]) == 7
     assert report["skipped"] == want["skipped"]
     assert report["unreadable_shards"] == [str(folder / "00003.tar")]
@@ -110,11 +110,11 @@ def test_shards_become_a_dataset_that_training_reads_with_bad_members_counted(tm
     out = preprocess(examples[0])
     assert out["image"].shape == (16, 16, 3) and out["caption"].shape == (8,)
     # run again: nothing to do
-    again = convert_shards.convert([str(folder / "{00000..00003}.tar")], "web", str(tmp_path),
-                                   log=lines.append)
+    again = convert_shards.convert_dataset([str(folder / "{00000..00003}.tar")], "web",
+                                           str(tmp_path), log=lines.append)
     assert again["examples"] == 7 and lines[-1].startswith("already converted")
     with pytest.raises(ConfigError, match="other inputs; pass --overwrite"):
-        convert_shards.convert([str(folder / "00000.tar")], "web", str(tmp_path))
+        convert_shards.convert_dataset([str(folder / "00000.tar")], "web", str(tmp_path))
 
 
 def test_a_second_converter_on_the_same_folder_stops_at_once(tmp_path, shards):
@@ -126,15 +126,15 @@ def test_a_second_converter_on_the_same_folder_stops_at_once(tmp_path, shards):
     with open(work / "lock", "a") as held:  # another converter holds the folder
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(ConfigError, match="being written by another convert_shards"):
-            convert_shards.convert([str(folder / "00001.tar")], "held", str(tmp_path))
+            convert_shards.convert_dataset([str(folder / "00001.tar")], "held", str(tmp_path))
 
 
 def test_max_side_resizes_and_the_output_is_byte_identical_across_runs(tmp_path, shards):
     folder, _ = shards
     inputs = [str(folder / "0000[01].tar")]
     for run, workers in (("one", 1), ("two", 2)):
-        convert_shards.convert(inputs, "capped", str(tmp_path / run), max_side=32,
-                               workers=workers, log=lambda line: None)
+        convert_shards.convert_dataset(inputs, "capped", str(tmp_path / run), max_side=32,
+                                       workers=workers, log=lambda line: None)
     first, second = (sorted(p.relative_to(tmp_path / run) for p in (tmp_path / run).rglob("*")
                             if p.is_file()) for run in ("one", "two"))
     assert first == second and len(first) > 5
@@ -157,16 +157,16 @@ def test_parquet_rows_with_hugging_face_image_structs(tmp_path):
                       {"bytes": image_bytes(32), "path": None}],
             "text": ["first", "second", ""]}
     pq.write_table(pa.table(rows), tmp_path / "part.parquet", row_group_size=2)
-    report = convert_shards.convert([str(tmp_path / "*.parquet")], "pq", str(tmp_path / "out"),
-                                    image_column="image", caption_column="text",
-                                    log=lambda line: None)
+    report = convert_shards.convert_dataset([str(tmp_path / "*.parquet")], "pq",
+                                            str(tmp_path / "out"), image_column="image",
+                                            caption_column="text", log=lambda line: None)
     assert report["examples"] == 1
     assert report["skipped"] == {"empty caption": 1, "image undecodable": 1}
     source = open_split("pq", "train", str(tmp_path / "out"))
     assert source[0]["image/filename"] == b"part.parquet/p0"
     with pytest.raises(ConfigError, match=r"no column 'jpg'.*--image_column"):
-        convert_shards.convert([str(tmp_path / "part.parquet")], "pq2", str(tmp_path / "o2"),
-                               log=lambda line: None)
+        convert_shards.convert_dataset([str(tmp_path / "part.parquet")], "pq2",
+                                       str(tmp_path / "o2"), log=lambda line: None)
 
 
 def test_brace_ranges_globs_and_bad_input(tmp_path, capsys):
@@ -178,9 +178,9 @@ def test_brace_ranges_globs_and_bad_input(tmp_path, capsys):
     with pytest.raises(ConfigError, match="matches no file"):
         shard_readers.input_files(["/nonexistent/{0..1}.tar"])
     with pytest.raises(ConfigError, match="--name"):
-        convert_shards.convert(["x"], "Bad-Name", "/tmp")
+        convert_shards.convert_dataset(["x"], "Bad-Name", "/tmp")
     with pytest.raises(ConfigError, match="local folder"):
-        convert_shards.convert(["x"], "ok", "gs://bucket/data")
+        convert_shards.convert_dataset(["x"], "ok", "gs://bucket/data")
     # the command: exit 2, one line naming the pattern
     assert convert_shards.main(["--input", "/nonexistent/{0..1}.tar", "--name", "n",
                                 "--data_dir", str(tmp_path)]) == 2

@@ -12,7 +12,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training.data import (
     HostShard,
-    default_config,
+    default_data_config,
     eval_dataset,
     eval_iterator,
     open_split,
@@ -88,7 +88,7 @@ def test_restored_state_continues_the_exact_stream(mnist1d_test):
 
 
 def config_for(**overrides):
-    config = default_config()
+    config = default_data_config()
     config.update(overrides)
     return config
 

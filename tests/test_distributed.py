@@ -19,7 +19,7 @@ from contrastive_jax.losses import clip_loss, nt_xent
 from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_nt_xent
 from contrastive_jax.mesh import global_batch, make_mesh
 from contrastive_jax.training.data import HostShard, open_split, train_dataset
-from contrastive_jax.training.run.distributed import Launch, initialize, launch_settings
+from contrastive_jax.training.run.distributed import Launch, join_job, launch_settings
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -30,7 +30,7 @@ from xla_environment import child_environment  # noqa: E402
 
 def test_single_process_unless_asked():
     assert launch_settings({}, environ={}) == Launch()
-    assert initialize(Launch()) is False
+    assert join_job(Launch()) is False
 
 
 def test_the_bounded_waits_are_jax_defaults_in_the_class_and_the_base_config():

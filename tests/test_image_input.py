@@ -354,7 +354,7 @@ def test_evaluation_pixels_and_features_equal_open_clips():
                       for f in files])
     pixels = np.asarray(model_input(jnp.asarray(crops), (CLIP_MEAN, CLIP_STD)))
     np.testing.assert_allclose(pixels, fixture["pixels"], rtol=1e-6, atol=1e-6)
-    model = model_with(*clip_import.convert(EXACT, quick_gelu=False, **HEADS))
+    model = model_with(*clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS))
     features = nnx.jit(lambda m, x: m.embed_samples(x))(model, jnp.asarray(pixels))
     assert rel_error(features, fixture["image_features"]) < 1e-5
     # bilinear is another function: levels off open_clip's pixels (the test tells them apart)

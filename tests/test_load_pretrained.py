@@ -36,7 +36,7 @@ def encoded_fixture_images() -> list[bytes]:
 @pytest.fixture(scope="module")
 def converted_exact(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("pretrained") / "exact"
-    config, params = clip_import.convert(EXACT, quick_gelu=False, **HEADS)
+    config, params = clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
     converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     return out
 
@@ -70,7 +70,7 @@ def test_squash_preprocessing_equals_open_clips_siglip_transform():
 
 def test_the_recorded_tokenizer_comes_back_and_must_fit_the_text_tower(tmp_path):
     merges = FIXTURES / "clip_bpe_merges.txt.gz"
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "with_tokenizer"
     converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS,
                                        tokenizer={"kind": "clip_bpe", "path": str(merges)})
@@ -145,7 +145,7 @@ def test_zero_shot_classifier_is_clips_prompt_ensemble(tmp_path):
     from contrastive_jax.pretrained import zero_shot_classifier
     from contrastive_jax.training.data.text.prompt_templates import IMAGENET_TEMPLATES
 
-    config, params = clip_import.convert(QUICK, **HEADS)
+    config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
     converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     model, _, _ = load_pretrained(out, tokenizer=False)

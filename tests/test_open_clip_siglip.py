@@ -268,7 +268,7 @@ def test_lit_run_from_the_converted_directory(tmp_path):
     method = method_for(config)
     assert method.name == "siglip"
     graphdef, state, tx = create_state(config, 10, method)
-    state, messages = init_from.initialize(state, graphdef, config, method)
+    state, messages = init_from.initialized_state(state, graphdef, config, method)
     assert any("converted checkpoint" in m for m in messages)
 
     def by_path(tree):

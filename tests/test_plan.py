@@ -280,7 +280,7 @@ def test_plan_help_exits_0_with_its_flags_and_the_configs(capsys):
     from contrastive_jax import plan as plan_command
 
     with pytest.raises(SystemExit) as stop:
-        plan_command.run(["--help"])
+        plan_command.main(["--help"])
     out = capsys.readouterr().out
     assert stop.value.code == 0
     assert out.startswith("usage: python -m contrastive_jax.plan [flags]")

@@ -87,10 +87,11 @@ def test_shards_in_a_bucket_convert_like_local_ones(bucket_data, tmp_path):
         write_tar(tmp_path / f"{i:05d}.tar", [m for k in range(3) for m in good(f"k{i}{k}",
                                                                                 3 * i + k)])
         fs.put(str(tmp_path / f"{i:05d}.tar"), f"{BUCKET}/shards/{i:05d}.tar")
-    remote = convert_shards.convert([f"gs://{BUCKET}/shards/{{00000..00001}}.tar"], "remote",
-                                    str(tmp_path / "out"), workers=1, log=lambda line: None)
-    local = convert_shards.convert([str(tmp_path / "0000[01].tar")], "local",
-                                   str(tmp_path / "out"), workers=1, log=lambda line: None)
+    remote = convert_shards.convert_dataset([f"gs://{BUCKET}/shards/{{00000..00001}}.tar"],
+                                            "remote",
+                                            str(tmp_path / "out"), workers=1, log=lambda line: None)
+    local = convert_shards.convert_dataset([str(tmp_path / "0000[01].tar")], "local",
+                                           str(tmp_path / "out"), workers=1, log=lambda line: None)
     assert remote["examples"] == local["examples"] == 6
     folder = tmp_path / "out"
     for shard in range(2):

@@ -325,7 +325,8 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
 
     source = pathlib.Path(__file__).resolve().parent / "fixtures" / \
         "open_clip_tiny_quickgelu.safetensors"
-    block, params = clip_import.convert(source, quick_gelu=True, vision_heads=2, text_heads=2)
+    block, params = clip_import.convert_checkpoint(source, quick_gelu=True, vision_heads=2,
+                                                   text_heads=2)
     unrolled_block = {**block, **{t: {**block[t], "scan": False}
                                   for t in ("sample_encoder", "text_encoder")}}
     unrolled = open_clip_tensors.in_model_layout(unrolled_block, params)

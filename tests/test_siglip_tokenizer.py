@@ -92,11 +92,11 @@ def test_clean_modes_are_open_clips():
     straightens quotes and splits ligatures) and HTML unescaping (twice). The expected strings
     are open_clip's ``get_clean_fn(mode)`` of the text."""
     text = "  A_Photo, of &amp;amp; the  “Dog”!\t(ÉTÉ) ﬁne "
-    assert osp.clean(text, "canonicalize") == "a photo of the dog été fine"
-    assert osp.clean(text, "whitespace") == 'A_Photo, of & the "Dog"! (ÉTÉ) fine'
-    assert osp.clean(text, "lower") == 'a_photo, of & the "dog"! (été) fine'
+    assert osp.clean_as_open_clip(text, "canonicalize") == "a photo of the dog été fine"
+    assert osp.clean_as_open_clip(text, "whitespace") == 'A_Photo, of & the "Dog"! (ÉTÉ) fine'
+    assert osp.clean_as_open_clip(text, "lower") == 'a_photo, of & the "dog"! (été) fine'
     with pytest.raises(ConfigError, match=r"unknown clean mode 'basic'.*'canonicalize'"):
-        osp.clean(text, "basic")
+        osp.clean_as_open_clip(text, "basic")
 
 
 def test_charsmap_is_read_as_sentencepiece_and_applied_as_hugging_face():

@@ -153,7 +153,8 @@ def temperature_grad(
     return (similarities[positive] - jnp.dot(p, similarities)) / temperature**2
 
 
-def log_scale_grad(similarities: Array, positive: int | Array, log_scale: Array | float) -> Array:
+def anchor_log_scale_grad(similarities: Array, positive: int | Array,
+                          log_scale: Array | float) -> Array:
     """``dl/dt = (sum_j p_j c_j - c_pos) / tau`` with ``tau = exp(-t)`` (docs/derivations.md §7.5).
 
     Negative (so descent raises ``t`` and sharpens the softmax) exactly when the positive beats

@@ -110,7 +110,7 @@ def symmetric_embedding_grads(
     return project_through_normalization(u, g_u_hat), project_through_normalization(v, g_v_hat)
 
 
-def log_scale_grad(logits: Array, logit_grad: Array) -> Array:
+def batch_log_scale_grad(logits: Array, logit_grad: Array) -> Array:
     """``dL / d log s = sum_ij Gamma_ij Z_ij`` for logits ``Z = s C`` (docs/derivations.md §8.5).
 
     Since ``dZ / d log s = Z``. For one row with ``s = e^t = 1/tau`` this is §7.5's

@@ -185,14 +185,14 @@ def _anchor_log_scale_grad(key, dtype, n, d):
     u, v, tau, pos = _draws(key, dtype, n, d)
     c, t = anchor.cosine_similarities(u, v), -jnp.log(tau)
     autodiff = jax.grad(lambda t: info_nce((c * jnp.exp(t))[None], pos[None]))(t)
-    return anchor.log_scale_grad(c, pos, t)[None], autodiff[None]
+    return anchor.anchor_log_scale_grad(c, pos, t)[None], autodiff[None]
 
 
 def _clip_log_scale_grad(key, dtype, n, d):
     u, v, tau = _unit_pair(key, dtype, n, d)
     log_s = -jnp.log(tau)
     z = similarities(u, v) / tau
-    formula = batch.log_scale_grad(z, batch.symmetric_logit_grad(z))
+    formula = batch.batch_log_scale_grad(z, batch.symmetric_logit_grad(z))
     autodiff = jax.grad(clip_loss, argnums=2)(u, v, log_s, impl="autodiff")
     return formula[None], autodiff[None]
 

@@ -105,7 +105,7 @@ def base_config() -> ml_collections.ConfigDict:
         "mesh": {"data": -1},
         # where the train state lives: "replicated" | "fsdp" (split over fsdp_axis), with
         # exceptions by regex (contrastive_jax.training.step.state_sharding)
-        "sharding": state_sharding.default_config(),
+        "sharding": state_sharding.default_sharding_config(),
         # unset (None): from CONTRASTIVE_JAX_* environment variables, else one process
         "launch": {"mode": placeholder(str), "coordinator_address": placeholder(str),
                    "num_processes": placeholder(int), "process_id": placeholder(int),

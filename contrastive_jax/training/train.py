@@ -248,7 +248,7 @@ def _resume_or_start(run: Run, state: TrainState, ckpt
     state, resumed = checkpoints.restore_latest(ckpt, state, run.stream)
     if resumed is not None:
         return state, resumed, []
-    fresh, loaded = init_from.initialize(state, run.graphdef, run.config, run.method)
+    fresh, loaded = init_from.initialized_state(state, run.graphdef, run.config, run.method)
     return (jax.device_put(fresh, state_shardings(run.config.get("sharding"), run.mesh, state)),
             None, loaded)
 

@@ -4,8 +4,8 @@
 ``two_views(batch, key, config)`` gives SimCLR's positive pair ([SimCLR] §2.1;
 docs/derivations.md §9.1 step 1); ``augment_each`` and ``two_views_each`` take one key per
 example instead (the trainer's form: an example's views do not depend on its batch).
-``default_config`` returns the strengths, one float per op, 0 meaning off (the identity). The
-per-example ops, each ``(x, key, strength) -> y``, live in
+``default_augment_config`` returns the strengths, one float per op, 0 meaning off (the
+identity). The per-example ops, each ``(x, key, strength) -> y``, live in
 :mod:`contrastive_jax.training.augmentations.signal` (``(L, C)`` signals) and
 :mod:`contrastive_jax.training.augmentations.image` (``(H, W, C)`` images in ``[0, 1]``), with
 the deterministic ops they are built from.
@@ -18,7 +18,7 @@ from contrastive_jax.training.augmentations.views import (
     SIGNAL_OPS,
     augment,
     augment_each,
-    default_config,
+    default_augment_config,
     two_views,
     two_views_each,
 )
@@ -29,7 +29,7 @@ __all__ = [
     "SIGNAL_OPS",
     "augment",
     "augment_each",
-    "default_config",
+    "default_augment_config",
     "image",
     "signal",
     "two_views",

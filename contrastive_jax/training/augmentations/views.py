@@ -2,7 +2,7 @@
 
 A config names the kind of data and one strength per op::
 
-    config = default_config("signal")           # ConfigDict(kind="signal", shift=0.2, ...)
+    config = default_augment_config("signal")           # ConfigDict(kind="signal", shift=0.2, ...)
     config.noise = 0.3                          # any op; 0 switches it off
     x1, x2 = two_views(batch, key, config)      # (B, L, C) -> two (B, L, C) views
 
@@ -59,7 +59,7 @@ _MODULES = {"signal": signal, "image": image}
 _Frozen = tuple[str, tuple[tuple[str, float], ...]]
 
 
-def default_config(kind: str) -> ml_collections.ConfigDict:
+def default_augment_config(kind: str) -> ml_collections.ConfigDict:
     """Default strengths for ``kind = "signal"`` (MNIST-1D) or ``"image"`` (8x8 digits, RGB).
 
     Signals, for MNIST-1D's standardised ``(40, 1)`` signals. MNIST-1D is made by padding a
@@ -131,7 +131,7 @@ def augment(batch: Array, key: Array, config: ConfigLike) -> Array:
       batch: signals ``(B, L, C)`` (any float, unbounded) or images ``(B, H, W, C)`` (float in
         ``[0, 1]``, ``C`` = 1 or 3), matching ``config.kind``.
       key: one PRNG key (``jax.random.key(seed)``); split into ``B`` keys inside.
-      config: ``kind`` and op strengths (:func:`default_config`); ops left out are off. Each
+      config: ``kind`` and op strengths (:func:`default_augment_config`); ops left out are off. Each
         op's docstring in :mod:`~contrastive_jax.training.augmentations.signal` /
         :mod:`~contrastive_jax.training.augmentations.image` says what its strength means.
 
@@ -254,13 +254,13 @@ def _freeze(config: ConfigLike) -> _Frozen:
     else:
         raise ConfigError(
             "config must be a ConfigDict or a mapping with 'kind' and op strengths "
-            f"(see default_config); got {type(config).__name__}."
+            f"(see default_augment_config); got {type(config).__name__}."
         )
     kind = items.pop("kind", None)
     if kind not in KINDS:
         raise ConfigError(
             f"config['kind'] must be one of {KINDS}; got {kind!r}. Start from "
-            "default_config('signal') or default_config('image')."
+            "default_augment_config('signal') or default_augment_config('image')."
         )
     module = _MODULES[kind]
     unknown = sorted(set(items) - set(module.OPS))

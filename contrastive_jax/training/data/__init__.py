@@ -19,7 +19,7 @@
 
 from contrastive_jax.training.data.pipeline import (
     HostShard,
-    default_config,
+    default_data_config,
     eval_dataset,
     eval_iterator,
     standard_preprocess,
@@ -33,7 +33,7 @@ __all__ = [
     "LOCAL_NAMES",
     "DatasetNotPreparedError",
     "HostShard",
-    "default_config",
+    "default_data_config",
     "default_data_dir",
     "eval_dataset",
     "eval_iterator",

@@ -101,8 +101,8 @@ COMMAND = command_line.Command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
     None): 0 on success, 2 with one line ``error: ...`` on a user error
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _build, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _build, argv)
 
 
 def _build(positional: list[str]) -> None:

@@ -223,7 +223,7 @@ def _write_json(path: str, data) -> None:
     os.replace(partial, path)
 
 
-def convert(inputs: Sequence[str], name: str, data_dir: str, *, split: str = "train",
+def convert_dataset(inputs: Sequence[str], name: str, data_dir: str, *, split: str = "train",
             max_side: int | None = None, workers: int | None = None,
             image_column: str = "jpg", caption_column: str = "caption",
             key_column: str = "key", overwrite: bool = False, log=print) -> dict:
@@ -362,18 +362,19 @@ COMMAND = command_line.Command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
     None): 0 when converted, 2 with one ``error:`` line for bad input
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _convert_command, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _convert_command, argv)
 
 
 def _convert_command(positional: list[str]) -> None:
-    """:func:`convert` with the flags' values, its lines printed."""
+    """:func:`convert_dataset` with the flags' values, its lines printed."""
     from contrastive_jax.training.data.prepare import resolve_data_dir
 
-    convert(_INPUT.value, _NAME.value, resolve_data_dir(_DATA_DIR.value), split=_SPLIT.value,
-            max_side=_MAX_SIDE.value, workers=_WORKERS.value, image_column=_IMAGE_COLUMN.value,
-            caption_column=_CAPTION_COLUMN.value, key_column=_KEY_COLUMN.value,
-            overwrite=_OVERWRITE.value, log=lambda line: print(line, flush=True))
+    convert_dataset(_INPUT.value, _NAME.value, resolve_data_dir(_DATA_DIR.value),
+                    split=_SPLIT.value, max_side=_MAX_SIDE.value, workers=_WORKERS.value,
+                    image_column=_IMAGE_COLUMN.value, caption_column=_CAPTION_COLUMN.value,
+                    key_column=_KEY_COLUMN.value, overwrite=_OVERWRITE.value,
+                    log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from contrastive_jax.training.data.sources import open_split
 Example = dict[str, np.ndarray]
 
 
-def default_config() -> ml_collections.ConfigDict:
+def default_data_config() -> ml_collections.ConfigDict:
     """The ``data`` block of a training config, with every field the pipeline reads."""
     return ml_collections.ConfigDict({
         "name": "mnist1d",             # TFDS name ("cifar10", "digit_captions/mnist1d", ...)
@@ -347,7 +347,7 @@ def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
                    shard: HostShard | None = None) -> grain.DatasetIterator:
     """Global training batches (dicts of ``jax.Array`` sharded over ``mesh``'s ``data`` axis).
 
-    ``config``: the ``data`` block (:func:`default_config`). Checkpoint the iterator with
+    ``config``: the ``data`` block (:func:`default_data_config`). Checkpoint the iterator with
     ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` or ``get_state`` /
     ``set_state``.
     """
@@ -380,7 +380,7 @@ def _read_options(config: ml_collections.ConfigDict) -> grain.ReadOptions:
 
 
 def _checked(config: Any) -> ml_collections.ConfigDict:
-    valid = default_config()
+    valid = default_data_config()
     unknown = sorted(set(config.keys()) - set(valid.keys()))
     if unknown:
         raise ConfigError(f"unknown data config fields {unknown}; valid: {sorted(valid.keys())}")

@@ -92,7 +92,7 @@ def launch_settings(config: Mapping | None = None,
     return launch
 
 
-def initialize(launch: Launch) -> bool:
+def join_job(launch: Launch) -> bool:
     """Join the job described by ``launch``; ``False`` (and nothing done) for a single process.
 
     Must run before JAX is used. On CPU the cross-process collectives use gloo.

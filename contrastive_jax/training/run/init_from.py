@@ -351,7 +351,7 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
     return _replace(params, loaded), _replace(rest, loaded_rest), messages
 
 
-def initialize(state, graphdef, config, method) -> tuple[Any, list[str]]:
+def initialized_state(state, graphdef, config, method) -> tuple[Any, list[str]]:
     """A fresh train state with ``config.model.init_from`` applied (host arrays where loaded)
     and the method's state rebuilt from the loaded model (MoCo's key encoder starts as a copy
     of it); ``(state, messages)``. The optimiser state does not depend on parameter values

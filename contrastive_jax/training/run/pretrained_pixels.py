@@ -83,7 +83,7 @@ def _open_clip_pixels(path: str) -> dict[str, Any] | None:
         return None
     if source.model_cfg is None:
         return None
-    pixels = open_clip_sources.preprocess(source, 0)
+    pixels = open_clip_sources.source_preprocess(source, 0)
     return {k: pixels[k] for k in PIXEL_FIELDS}
 
 

@@ -52,7 +52,7 @@ MODES = ("replicated", "fsdp")
 DEFAULTS = {"params": "replicated", "fsdp_axis": DATA_AXIS, "min_size": 2**14, "rules": ()}
 
 
-def default_config() -> dict[str, Any]:
+def default_sharding_config() -> dict[str, Any]:
     """The ``sharding`` block's defaults (replicated state)."""
     return dict(DEFAULTS)
 

@@ -205,8 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m contrastive_jax.training.data.prepare [NAME ...] [--data_dir=DIR]``
     (``argv``: its arguments, ``sys.argv[1:]`` when None); the exit status, 2 with one line
     ``error: ...`` for a name that is not one of :data:`LOCAL_NAMES` or an unknown mock
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _prepare_named, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _prepare_named, argv)
 
 
 def _prepare_named(names: list[str]) -> None:

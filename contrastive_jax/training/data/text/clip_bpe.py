@@ -59,7 +59,7 @@ def byte_symbols() -> dict[int, str]:
     return {**{b: chr(b) for b in keep}, **{b: chr(256 + k) for k, b in enumerate(others)}}
 
 
-def clean(text: str) -> str:
+def clip_clean(text: str) -> str:
     """open_clip's ``clean="lower"``: ftfy, HTML unescaped twice, whitespace runs to one space,
     stripped, lowercased."""
     import ftfy
@@ -149,7 +149,7 @@ class ClipBpeTokenizer:
         """The ids of one text, without start/end (open_clip's ``SimpleTokenizer.encode``)."""
         symbols = byte_symbols()
         out = []
-        for piece in self.pattern.findall(clean(text)):
+        for piece in self.pattern.findall(clip_clean(text)):
             piece = "".join(symbols[b] for b in piece.encode("utf-8"))
             out.extend(self.encoder[s] for s in self.bpe(piece))
         return out

@@ -104,7 +104,7 @@ def canonicalize_text(text: str) -> str:
     return " ".join(text.split()).strip()
 
 
-def clean(text: str, mode: str) -> str:
+def clean_as_open_clip(text: str, mode: str) -> str:
     """``text`` cleaned as open_clip's ``get_clean_fn(mode)`` does (:data:`CLEAN_MODES`)."""
     text = basic_clean(text)
     if mode == "canonicalize":
@@ -309,7 +309,7 @@ class OpenClipSentencePieceTokenizer:
     def ids(self, text: str | bytes) -> list[int]:
         """The ids of one text, without ``</s>`` (module docstring, steps 1-5)."""
         text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-        text = clean(text, self.clean)
+        text = clean_as_open_clip(text, self.clean)
         chunks = _SPECIAL_TEXT.split(text) if "<" in text else [text]
         out = []
         for i, chunk in enumerate(chunks):

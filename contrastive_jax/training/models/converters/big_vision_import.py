@@ -7,11 +7,11 @@
 reads the ``.npz`` parameter files that big_vision (the JAX code SigLIP was trained with,
 [SigLIP], [BigVision] in docs/references.md) releases (nothing is downloaded): one array per
 parameter, named by its flattened Flax path (:func:`load_npz`). The architecture is read from
-the shapes (:func:`architecture`), every array goes to one parameter of
+the shapes (:func:`npz_architecture`), every array goes to one parameter of
 :class:`~contrastive_jax.training.models.DualEncoder` with SigLIP's options of
 :class:`~.transformer.ViT` (``pool="map"``, no class token, no ``ln_pre``, a patch bias) and
 :class:`~.transformer.TextTransformer` (no attention mask, ``pool="last"``) and ``siglip=True``
-(:func:`convert`), and ``DIR`` receives (:func:`save_converted`)::
+(:func:`convert_npz`), and ``DIR`` receives (:func:`save_converted`)::
 
     DIR/model.json       the config's ``model`` block (a dual_encoder) that builds exactly this
                          architecture with build_model
@@ -232,7 +232,7 @@ def _depth(arrays: Arrays, base: str) -> int:
     return max(found) + 1
 
 
-def architecture(arrays: Arrays, *, activation: str = "gelu_tanh",
+def npz_architecture(arrays: Arrays, *, activation: str = "gelu_tanh",
                  vision_heads: int | None = None, text_heads: int | None = None
                  ) -> dict[str, Any]:
     """The ``model`` config block (a ``dual_encoder``) of the big_vision SigLIP whose arrays
@@ -399,11 +399,11 @@ def _rules(config: Mapping[str, Any]) -> list[tuple[tuple, str, tuple]]:
 def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
                    vision_heads: int | None = None, text_heads: int | None = None
                    ) -> tuple[dict[str, Any], dict]:
-    """``(model config, params)`` of the big_vision arrays (:func:`architecture`); ``params`` is
+    """``(model config, params)`` of the big_vision arrays (:func:`npz_architecture`); ``params`` is
     the nested pure dict of the model's ``nnx.Param`` state (``nnx.to_pure_dict``), float32
     NumPy arrays. An array the architecture needs but the file lacks, one of another shape,
     or one that nothing takes is a :class:`ConfigError` naming its ``.npz`` key."""
-    config = architecture(arrays, activation=activation, vision_heads=vision_heads,
+    config = npz_architecture(arrays, activation=activation, vision_heads=vision_heads,
                           text_heads=text_heads)
     params: dict = {}
     used = set()
@@ -427,7 +427,7 @@ def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
     return config, in_model_layout(config, params)
 
 
-def convert(path: str | os.PathLike, *, activation: str = "gelu_tanh",
+def convert_npz(path: str | os.PathLike, *, activation: str = "gelu_tanh",
             vision_heads: int | None = None, text_heads: int | None = None
             ) -> tuple[dict[str, Any], dict]:
     """``(model config, params)`` of the big_vision SigLIP ``.npz`` at ``path``
@@ -442,7 +442,7 @@ def convert(path: str | os.PathLike, *, activation: str = "gelu_tanh",
                           text_heads=text_heads)
 
 
-def preprocess(config: Mapping[str, Any]) -> dict[str, Any]:
+def npz_preprocess(config: Mapping[str, Any]) -> dict[str, Any]:
     """``DIR/preprocess.json`` of a converted SigLIP: pixels in [0, 1] mapped to [-1, 1]
     (mean = std = 0.5), the whole image resized to the square (bilinear, big_vision's
     ``resize``; open_clip's SigLIP configs resize bicubic, also "squash")."""
@@ -472,15 +472,15 @@ COMMAND = command_line.Command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
     None): 0 when converted; an error a user can fix prints ``error: ...`` and returns 2
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _convert_and_save, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _convert_and_save, argv)
 
 
 def _convert_and_save(positional: list[str]) -> None:
     """Convert ``--checkpoint`` into ``--output`` and print what was written."""
-    config, params = convert(_CHECKPOINT.value, activation=_ACTIVATION.value,
+    config, params = convert_npz(_CHECKPOINT.value, activation=_ACTIVATION.value,
                              vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value)
-    save_converted(_OUTPUT.value, config, params, preprocess=preprocess(config))
+    save_converted(_OUTPUT.value, config, params, preprocess=npz_preprocess(config))
     count = sum(int(np.size(x)) for x in _leaves(params))
     print(f"wrote {_OUTPUT.value}: {count:,} parameters ({describe_sizes(config)}; "
           f"activation {_ACTIVATION.value})")

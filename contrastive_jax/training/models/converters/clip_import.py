@@ -82,7 +82,8 @@ from contrastive_jax.training.models.converters.state_dict_files import load_sta
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN / _STD), RGB, for pixels in [0, 1]
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
-__all__ = ["OPENAI_MEAN", "OPENAI_STD", "Converted", "convert", "convert_open_clip", "main"]
+__all__ = ["OPENAI_MEAN", "OPENAI_STD", "Converted", "convert_checkpoint", "convert_open_clip",
+           "main"]
 
 
 # --- conversion ----------------------------------------------------------------------------------
@@ -236,13 +237,13 @@ def convert_open_clip(source: str | os.PathLike | None = None, *,
     block = {**block, "init_temperature": math.exp(-float(params["log_scale"]))}
     if block.get("siglip"):
         block["init_bias"] = float(params["bias"])
-    pixels = sources.preprocess(config, block["sample_encoder"]["image_size"])
+    pixels = sources.source_preprocess(config, block["sample_encoder"]["image_size"])
     tokenizer = sources.tokenizer_spec(converted.tokenizer, config.directory, cfg.get("text_cfg"))
     return Converted(block, params, pixels, tokenizer, converted.tokenizer,
                      f"open_clip model ({config.origin}; weights {weights})", tuple(notes))
 
 
-def convert(path: str | os.PathLike | None = None, *, quick_gelu: bool | None = None,
+def convert_checkpoint(path: str | os.PathLike | None = None, *, quick_gelu: bool | None = None,
             vision_heads: int | None = None, text_heads: int | None = None,
             allow_torchscript: bool = False,
             open_clip_config: str | os.PathLike | Mapping[str, Any] | None = None,
@@ -302,8 +303,8 @@ COMMAND = command_line.Command(
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (module docstring; ``argv``: its arguments, ``sys.argv[1:]`` when
     None): 0 when converted; an error a user can fix prints ``error: ...`` and returns 2
-    (:func:`contrastive_jax.command_line.run`)."""
-    return command_line.run(COMMAND, _convert_and_save, argv)
+    (:func:`contrastive_jax.command_line.run_command`)."""
+    return command_line.run_command(COMMAND, _convert_and_save, argv)
 
 
 def _convert_and_save(positional: list[str]) -> None:

@@ -1,7 +1,7 @@
 """A CLIP state dict without its open_clip config: read as OpenAI's / open_clip's default ViT CLIP.
 
 A bare checkpoint (a ``.safetensors`` / ``.pt`` file alone) shows sizes, not settings:
-:func:`architecture` reads image size, patch, widths, depths, MLP widths, context length,
+:func:`state_dict_architecture` reads image size, patch, widths, depths, MLP widths, context length,
 vocabulary and embedding size from the tensors' shapes and takes CLIP's settings for what
 shapes do not show (heads ``width // 64``, LayerNorm eps 1e-5, class-token pooling after
 ``ln_post``, a causal text mask with argmax pooling, the activation from ``quick_gelu``, the
@@ -104,7 +104,7 @@ def not_a_clip(names: Iterable[str]) -> str | None:
     return None
 
 
-def architecture(tensors: Mapping[str, np.ndarray], *, quick_gelu: bool | None = None,
+def state_dict_architecture(tensors: Mapping[str, np.ndarray], *, quick_gelu: bool | None = None,
                  vision_heads: int | None = None, text_heads: int | None = None,
                  activation: str | None = None) -> dict[str, Any]:
     """The ``model`` config block (a ``dual_encoder``) of the CLIP whose state dict is
@@ -206,7 +206,7 @@ def _assumptions(config: Mapping[str, Any], *, heads_given: tuple[bool, bool],
 def convert_state_dict(tensors: Mapping[str, np.ndarray], *, quick_gelu: bool,
                        vision_heads: int | None = None, text_heads: int | None = None
                        ) -> tuple[dict[str, Any], dict]:
-    """``(model config, params)`` of a bare CLIP state dict (:func:`architecture`; an
+    """``(model config, params)`` of a bare CLIP state dict (:func:`state_dict_architecture`; an
     :class:`AssumptionWarning` states what shapes did not show); ``params`` is the nested pure
     dict of the model's ``nnx.Param`` state (``nnx.to_pure_dict``), float32 NumPy arrays, mapped
     by :func:`.open_clip_tensors.params_from_state_dict` (Linear weights transposed, the patch
@@ -224,7 +224,7 @@ def convert_bare(tensors: Mapping[str, np.ndarray], activation: str, activation_
     """``(model block, params)`` of a bare CLIP state dict with ``activation`` (and where it
     came from, for the warning) and the heads given or ``None`` (``width // 64``); warns
     (:class:`AssumptionWarning`) with what was assumed."""
-    config = architecture(tensors, activation=activation, vision_heads=vision_heads,
+    config = state_dict_architecture(tensors, activation=activation, vision_heads=vision_heads,
                           text_heads=text_heads)
     params = params_from_state_dict(config, tensors)
     warnings.warn(_assumptions(config, heads_given=(vision_heads is not None,

@@ -17,7 +17,7 @@ default).
 
 An option open_clip does not know (not a field of its dataclasses) is refused too. A timm image
 tower (``vision_cfg.timm_model_name``) is described by the timm model it names: the data
-recorded from timm (:func:`.open_clip_sources.timm_trunk`) or, for a model registered
+recorded from timm (:func:`.open_clip_sources.recorded_timm_trunk`) or, for a model registered
 outside timm (a test fixture), the ``timm_model_args`` its ``open_clip_config.json`` carries
 (:func:`.open_clip_sources.trunk_from_timm_args`). Only trunks the project's ViT computes
 exactly are converted:
@@ -59,7 +59,7 @@ from contrastive_jax.training.models.converters.open_clip_sources import (
     json_text,
     recorded,
     recorded_model,
-    timm_trunk,
+    recorded_timm_trunk,
     trunk_from_timm_args,
 )
 
@@ -354,7 +354,7 @@ def model_block(model_cfg: Mapping[str, Any], *,
                                                        and k not in VISION_NO_EFFECT}},
                                {}, skip=read)
         trunk = (trunk_from_timm_args(timm_args) if timm_args is not None
-                 else timm_trunk(timm_name))
+                 else recorded_timm_trunk(timm_name))
         if trunk is None:
             known = sorted(recorded()["timm_models"])
             raise refusal("vision_cfg.timm_model_name", timm_name,

@@ -119,7 +119,7 @@ def _tower_norm_act(cfg: dict, tower: Mapping[str, Any], option: str) -> None:
         cfg["act_kwargs"] = {"approximate": "tanh"}
 
 
-def timm_trunk(vit: Mapping[str, Any], timm_model_name: str | None = None
+def timm_trunk_for_export(vit: Mapping[str, Any], timm_model_name: str | None = None
                ) -> tuple[str, dict[str, Any] | None]:
     """``(timm model name, its registration arguments or None)`` for a resolved ``vit`` block
     without class token: the registered timm model of :data:`TIMM_TRUNKS` with the same image
@@ -191,7 +191,7 @@ def model_cfg(model_block: Mapping[str, Any], *, bias: float | None = None,
         _tower_norm_act(vision, vit, "model.sample_encoder")
         own.insert(0, ("model.sample_encoder", vit))
     else:  # a timm trunk, as open_clip's SigLIP configs
-        name, timm_args = timm_trunk(vit, timm_model_name)
+        name, timm_args = timm_trunk_for_export(vit, timm_model_name)
         vision = {"image_size": vit["image_size"], "timm_model_name": name,
                   "timm_model_pretrained": False,
                   "timm_pool": {"map": "map", "mean": "avg"}[vit["pool"]],

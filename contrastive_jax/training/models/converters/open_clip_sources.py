@@ -8,8 +8,9 @@ a Hugging Face cache snapshot or repository folder, ``hf-hub:ORG/NAME`` (looked 
 cache: :func:`hf_hub_cache`), or the name of one of open_clip's shipped configs, recorded with
 its releases (``pretrained`` tags: Hugging Face repository, ``quick_gelu``, pixels) in
 ``open_clip_models.json`` (:func:`recorded`; written by tests/fixtures/make_open_clip_models.py),
-and gives a :class:`Source`. :func:`preprocess` gives its pixel settings,
-:func:`tokenizer_spec` its tokenizer, and :func:`timm_trunk` / :func:`trunk_from_timm_args` the
+and gives a :class:`Source`. :func:`source_preprocess` gives its pixel settings,
+:func:`tokenizer_spec` its tokenizer, and :func:`recorded_timm_trunk` /
+:func:`trunk_from_timm_args` the
 description of a timm image trunk it names (recorded from timm, or from a fixture's
 ``timm_model_args``). Nothing is downloaded: a source with no local file says
 where it looked and what to put there.
@@ -43,7 +44,7 @@ def recorded() -> dict:
     """The recorded data (``open_clip_models.json``): ``open_clip_version``, ``fields`` (the
     defaults of ``CLIPVisionCfg``, ``CLIPTextCfg``, ``CLIP``'s arguments and
     ``PreprocessCfg``), ``models`` (name: ``model_cfg`` as shipped and ``pretrained``
-    releases) and ``timm_models`` (timm name: the trunk, :func:`timm_trunk`)."""
+    releases) and ``timm_models`` (timm name: the trunk, :func:`recorded_timm_trunk`)."""
     with open(DATA_FILE) as f:
         return json.load(f)
 
@@ -211,7 +212,7 @@ def read_name(name: str, pretrained: str | None = None, *,
             f"{json_text(release['quick_gelu'])} but the config {name!r} has quick_gelu = "
             f"{json_text(bool(model_cfg.get('quick_gelu', False)))} (open_clip only warns and "
             f"builds the wrong activation): use the config {other!r}")
-    preprocess = {k: release[k] for k in ("mean", "std", "interpolation", "resize_mode")
+    source_preprocess = {k: release[k] for k in ("mean", "std", "interpolation", "resize_mode")
                   if release.get(k) is not None}
     origin = f"{origin}, release {tag!r}"
     weights, directory = None, None
@@ -223,7 +224,7 @@ def read_name(name: str, pretrained: str | None = None, *,
             directory = snapshot
     if weights is None and need_weights:
         raise ConfigError(_where_to_put(name, tag, release))
-    return Source(model_cfg, preprocess, weights, directory, origin, name=name,
+    return Source(model_cfg, source_preprocess, weights, directory, origin, name=name,
                   release=release)
 
 
@@ -284,7 +285,7 @@ def resolve(source: str | os.PathLike | Mapping[str, Any], *,
                       "docs/open_clip_models.md lists them)")
 
 
-def preprocess(source: Source, image_size: int) -> dict:
+def source_preprocess(source: Source, image_size: int) -> dict:
     """The ``preprocess.json`` fields (``data.preprocess``: ``mean``, ``std``, ``resize``,
     ``resize_mode``, ``image_size``) of a source: its ``preprocess_cfg`` over open_clip's
     ``PreprocessCfg`` defaults (CLIP's mean and std, bicubic, ``shortest``); the size is the
@@ -297,7 +298,7 @@ def preprocess(source: Source, image_size: int) -> dict:
 
 
 
-def timm_trunk(name: str) -> dict | None:
+def recorded_timm_trunk(name: str) -> dict | None:
     """The recorded description of the timm model ``name`` (None when not recorded):
     ``class``, and for a ``VisionTransformer`` ``img_size``, ``patch_embed`` (class),
     ``patch_conv``, ``embed_dim``, ``depth``, ``block`` (heads, MLP, norms, activation,
@@ -323,7 +324,7 @@ _TIMM_TRAINING_ARGS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_dr
 
 
 def trunk_from_timm_args(args: Mapping[str, Any]) -> dict:
-    """The trunk description (as :func:`timm_trunk`) of ``timm.models.vision_transformer.
+    """The trunk description (as :func:`recorded_timm_trunk`) of ``timm.models.vision_transformer.
     VisionTransformer(**args)``, worked out from timm's constructor (timm 1.0: LayerNorm eps
     1e-6, ``nn.GELU`` unless ``act_layer='gelu_tanh'``, the patch convolution's bias off with
     ``pre_norm``, fc_norm with the average pools, ``AttentionPoolLatent`` with the tower's
