@@ -60,8 +60,14 @@ source's file, or ``tokenizer=FILE``: that tokenizer's file, e.g. a SigLIP model
     python -m contrastive_jax.main --workdir=gs://BUCKET/lit \
         --config=configs/clip_vit_b16_pod.py:pretrained=converted/vit_b16_siglip
 
+Patch dropout (FLIP, docs/training.md "Cheaper training"): the variant ``patch_dropout=0.5``
+trains with each image keeping half of its 196 patch tokens (evaluation keeps all); the
+unmasked tuning phase is the same config with ``--config.model.sample_encoder.patch_dropout=0``
+and ``--accept_config_change`` on the same workdir.
+
 Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
-``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``pretrained``, ``mode``, ``tiny`` (a
+``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``pretrained``, ``mode``,
+``patch_dropout``, ``tiny`` (a
 few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step: the
 test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
 ``python -m contrastive_jax.training.data.prepare --mock coco_captions``).
@@ -95,7 +101,7 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
               steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
-              pretrained="", mode="locked")
+              pretrained="", mode="locked", patch_dropout=None)
     config = base_config()
     config.data = data.default_data_config()
     split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
@@ -147,6 +153,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # cuDNN's fused attention on a GPU where it applies, else XLA (encoders/attention.py)
         "attention": "auto",
     }
+    if v.patch_dropout is not None:  # FLIP: each image keeps 1 - p of its patch tokens
+        config.model.sample_encoder.patch_dropout = v.patch_dropout
     # parameters and AdamW moments split over the 256 chips (docs/sharding.md)
     config.sharding.params = "fsdp"
     config.accumulation_steps = v.accumulation

@@ -1,7 +1,8 @@
 """Exact gradient accumulation: K micro-batches give the gradient of the global-batch loss.
 
 Every method (CLIP with a learned log-scale, SigLIP with scale and bias, SimCLR, MoCo) on
-Transformer towers with dropout > 0 (SimCLR and MoCo with augmentations on), in float64,
+Transformer towers with dropout > 0 and the ViT's patch dropout at 0.5 (SimCLR and MoCo with
+augmentations on), in float64,
 against K = 1 on the same global batch (on 8 devices) to 1e-12 relative: the gradient of every
 parameter (log-scale and bias included) with K = 8 on 8 devices and the dense loss (SimCLR's
 with label positives), and K = 4 on 1 device (CLIP); on 8 devices, the ring with K = 2 (CLIP)
@@ -36,8 +37,9 @@ from contrastive_jax.training.step.accumulation import (
 from contrastive_jax.training.step.train_state import create_state
 
 B, TOKENS, VOCAB = 64, 6, 24
+# the ViT also drops half its 4 patches (FLIP's patch dropout, per example like dropout)
 VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 1,
-       "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16}
+       "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16, "patch_dropout": 0.5}
 TEXT = {"name": "text_transformer", "vocab_size": VOCAB, "max_tokens": TOKENS, "width": 16,
         "depth": 1, "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16}
 

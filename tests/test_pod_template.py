@@ -113,11 +113,14 @@ def test_pod_template_step_count_comes_from_epochs():
 
 
 def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys):
-    """Two steps with an evaluation after the first (``--config.evaluation.every=1``: the
-    template evaluates without labels, so a periodic evaluation has no probe to report; it
-    stopped with a KeyError before) and the final one."""
+    """Two steps with patch dropout (``patch_dropout=0.5``: 2 of the tiny ViT's 4 patches) and
+    an evaluation after the first (``--config.evaluation.every=1``: the template evaluates
+    without labels, so a periodic evaluation has no probe to report; it stopped with a
+    KeyError before) and the final one; then FLIP's unmasked tuning phase: the same workdir
+    with ``patch_dropout = 0`` and one more step stops naming the change unless it is
+    accepted, and with ``accept_config_change`` resumes at step 2 and trains step 3."""
     data_dir, model = mock_coco
-    config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model}")
+    config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},patch_dropout=0.5")
     assert config.loss.strategy == "ring" and config.data.name == "coco_captions"
     config.data.data_dir = data_dir
     config.total_steps, config.evaluation.every = 2, 1
@@ -134,6 +137,15 @@ def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys
     assert "linear_probe" not in results and "zero_shot" not in results
     assert 0 <= results["x_to_y_r1"] <= results["x_to_y_r5"] <= results["x_to_y_r10"] <= 1
     assert 0 <= results["alignment"] <= 4 and results["uniformity"] <= 0
+
+    config.model.sample_encoder.patch_dropout = 0.0  # the unmasked tuning phase
+    config.total_steps, config.evaluation.every = 3, 0
+    with pytest.raises(ConfigError, match=r"model\.sample_encoder\.patch_dropout: 0\.5 -> 0\.0"
+                                          r".*--accept_config_change"):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    tuned = train.train_and_evaluate(config, str(tmp_path / "run"), accept_config_change=True)
+    assert tuned["steps"] == 3 and np.isfinite(tuned["final_train_metrics"]["loss"])
+    assert "resum" in capsys.readouterr().out
 
 
 def test_pod_template_start_errors(mock_coco, tmp_path):

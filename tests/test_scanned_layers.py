@@ -1,15 +1,15 @@
 """Scanned layers (``model.<tower>.scan``): the unrolled towers' function, in one ``lax.scan``.
 
 One seed gives the same parameters in both layouts (the scanned ones stacked, row ``i`` block
-``i``); a whole CLIP train step (dropout, remat, exact accumulation over 2 micro-batches,
-FSDP over 8 devices, AdamW) gives the same loss, parameters and AdamW moments (so the same
-gradients) in float64 to 1e-12, and with bfloat16 compute the same loss and gradients to
-bfloat16's rounding; FSDP never
-splits the layer axis and splits every stacked leaf as its block's leaf; the compiled program
-does not grow with depth; checkpoints restore into the other layout bit for bit (including
-one written before scanned layers existed, ``fixtures/workdir_v0_2_unrolled_clip``, which the
-command line resumes scanned), and a checkpoint of another depth says what to set;
-``init_from`` and the converters take and give either layout.
+``i``); a whole CLIP train step (dropout, patch dropout, remat, exact accumulation over 2
+micro-batches, FSDP over 8 devices, AdamW) gives the same loss, parameters and AdamW moments
+(so the same gradients) in float64 to 1e-12, and with bfloat16 compute the same loss and
+gradients to bfloat16's rounding; FSDP never splits the layer axis and splits every stacked
+leaf as its block's leaf; the compiled program does not grow with depth; checkpoints restore
+into the other layout bit for bit (including one written before scanned layers existed,
+``fixtures/workdir_v0_2_unrolled_clip``, which the command line resumes scanned), and a
+checkpoint of another depth says what to set; ``init_from`` and the converters take and give
+either layout.
 """
 
 import json
@@ -40,7 +40,7 @@ from contrastive_jax.training.step.train_state import create_state
 B = 16
 VIT = {"name": "vit", "image_size": 8, "patch": 4, "in_channels": 1, "width": 16, "depth": 2,
        "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16, "class_token": True,
-       "pre_norm": True, "pool": "token"}
+       "pre_norm": True, "pool": "token", "patch_dropout": 0.5}
 TEXT = {"name": "text_transformer", "vocab_size": 24, "max_tokens": 6, "width": 16, "depth": 2,
         "heads": 2, "mlp_ratio": 2, "dropout": 0.2, "features": 16, "causal": True}
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "workdir_v0_2_unrolled_clip"
@@ -198,7 +198,8 @@ def test_fsdp_splits_stacked_leaves_as_their_blocks_never_on_the_layer_axis():
 
 def hlo_lines(depth: int, scan: bool) -> int:
     """Optimised HLO lines of the gradient of a small remat'd ViT."""
-    model = build_encoder({**VIT, "depth": depth, "scan": scan, "dropout": 0.0}, nnx.Rngs(0),
+    model = build_encoder({**VIT, "depth": depth, "scan": scan, "dropout": 0.0,
+                           "patch_dropout": 0.0}, nnx.Rngs(0),
                           remat_policy="nothing_saveable")
     graphdef, state = nnx.split(model)
 

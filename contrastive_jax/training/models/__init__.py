@@ -105,6 +105,9 @@ def build_encoder(config: Mapping[str, Any], rngs: nnx.Rngs, *, dtype=None,
     if "scan" in config and name not in SCANNABLE:
         raise ConfigError(f"encoder {name!r} has no Transformer blocks to scan; remove its "
                           f"'scan' setting (scan applies to {list(SCANNABLE)})")
+    if "patch_dropout" in config and name != "vit":
+        raise ConfigError(f"encoder {name!r} has no patch tokens to drop; remove its "
+                          "'patch_dropout' setting (patch dropout applies to 'vit')")
     settings = {"dtype": dtype, "remat_policy": remat_policy}
     if name in _ATTENTION:
         settings["attention"] = attention

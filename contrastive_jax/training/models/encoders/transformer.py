@@ -187,6 +187,45 @@ def _output_layer(width: int, features: int | None, dtype, rngs: nnx.Rngs):
     return nnx.Linear(width, features, dtype=dtype, rngs=rngs), features
 
 
+# the dropout-key site of patch dropout: blocks fold in their index 0 .. depth - 1
+PATCH_DROPOUT_SITE = 2**31 - 1
+
+
+def check_patch_dropout(p) -> float:
+    """``p`` as a float if ``0 <= p < 1``, else a :class:`ConfigError` saying what to set."""
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
+        raise ConfigError(f"ViT patch_dropout is the fraction of patch tokens dropped in "
+                          f"training and must lie in [0, 1) (0: off); got {p!r}")
+    return float(p)
+
+
+def kept_patches(patches: int, p: float) -> int:
+    """``max(1, round((1 - p) patches))``: the patch tokens each example keeps under patch
+    dropout ``p`` (196 patches: 98 at p = 0.5, 49 at p = 0.75)."""
+    return max(1, round((1.0 - p) * patches))
+
+
+def drop_patches(h: jax.Array, keys: jax.Array | None, kept: int, prefix: int) -> jax.Array:
+    """Patch dropout ([FLIP]): each example keeps ``kept`` of its patch tokens.
+
+    ``h (B, prefix + P, width)``: ``prefix`` leading tokens (the class token) always kept, then
+    ``P`` patch tokens; ``keys (B,)``: one PRNG key per example. Example ``b`` draws
+    ``u ~ U(0, 1)^P`` from ``fold_in(keys[b], PATCH_DROPOUT_SITE)`` and keeps the patches of
+    the ``kept`` smallest ``u``, in their original order. Returns ``(B, prefix + kept,
+    width)``. Each example's subset depends on its own key only, so micro-batches draw the
+    subsets one batch does (:mod:`contrastive_jax.training.models.dropout`).
+    """
+    if keys is None or keys.shape != h.shape[:1]:
+        raise ConfigError(f"patch dropout in training needs one key per example: keys of shape "
+                          f"({h.shape[0]},); got {None if keys is None else keys.shape}")
+    patches = h.shape[1] - prefix
+    site = fold_each(keys, PATCH_DROPOUT_SITE)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (patches,)))(site)
+    index = jnp.sort(jnp.argsort(u, axis=1)[:, :kept], axis=1) + prefix  # (B, kept)
+    kept_tokens = jnp.take_along_axis(h, index[:, :, None], axis=1)
+    return jnp.concatenate([h[:, :prefix], kept_tokens], axis=1)
+
+
 class ViT(nnx.Module):
     """Vision Transformer: ``patch x patch`` patches, learned positions, Transformer blocks,
     then pooling, LayerNorm and (optionally) an output layer ([CLIP], [OpenCLIP]).
@@ -221,6 +260,10 @@ class ViT(nnx.Module):
     stacked and run as one ``lax.scan`` (parameters ``blocks/<name>`` with a leading layer
     axis); ``scan=False``: unrolled (``blocks/<i>/<name>``); the same function, initial values
     and randomness either way (:mod:`~contrastive_jax.training.models.scanned_layers`).
+    ``patch_dropout = p`` (FLIP's patch masking, open_clip's ``patch_dropout``; [FLIP]): in
+    training each example keeps ``kept_patches(patches, p)`` of its patch tokens, after the
+    position embedding is added and before ``norm_pre`` (the class token always kept; the
+    pools see what is kept): :func:`drop_patches`. Evaluation (``train=False``) never drops.
     """
 
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
@@ -228,8 +271,9 @@ class ViT(nnx.Module):
                  features: int | None = 128, class_token: bool = False, pre_norm: bool = False,
                  pool: str = "mean", patch_bias: bool = True, activation: str = "gelu_tanh",
                  layer_norm_eps: float = 1e-6, mlp_width: int | None = None,
-                 norm_after_pool: bool = False, scan: bool = True, dtype=None,
-                 remat_policy: str | None = None, attention: str = "auto", rngs: nnx.Rngs):
+                 norm_after_pool: bool = False, scan: bool = True, patch_dropout: float = 0.0,
+                 dtype=None, remat_policy: str | None = None, attention: str = "auto",
+                 rngs: nnx.Rngs):
         if image_size % patch:
             raise ConfigError(f"image_size {image_size} must be a multiple of patch {patch}")
         if pool not in VIT_POOLS:
@@ -263,6 +307,8 @@ class ViT(nnx.Module):
         self.out, self.features = _output_layer(width, features, dtype, rngs)
         self.image_size, self.in_channels, self.pool = image_size, in_channels, pool
         self.norm_after_pool, self.remat_policy = norm_after_pool, remat_policy
+        self.patch_dropout = check_patch_dropout(patch_dropout)
+        self.kept = kept_patches((image_size // patch) ** 2, self.patch_dropout)
 
     def __call__(self, x: jax.Array, *, train: bool,
                  dropout_keys: jax.Array | None = None) -> jax.Array:
@@ -276,6 +322,8 @@ class ViT(nnx.Module):
                                      (h.shape[0], 1, h.shape[-1]))
             h = jnp.concatenate([first, h], axis=1)
         h = h + self.positions[...].astype(h.dtype)
+        if train and self.patch_dropout > 0:
+            h = drop_patches(h, dropout_keys, self.kept, int(self.class_embedding is not None))
         if self.norm_pre is not None:
             h = self.norm_pre(h)
         h = run_blocks(self.blocks, h, None, train=train, dropout_keys=dropout_keys,
