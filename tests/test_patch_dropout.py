@@ -10,6 +10,7 @@ and FSDP in tests/test_scanned_layers.py, whose towers drop half their patches);
 the model without it; the FLOPs follow the kept tokens; bad settings say what to change.
 """
 
+import functools
 import pathlib
 
 import jax
@@ -60,6 +61,17 @@ def test_each_example_keeps_the_patches_of_its_smallest_draws_in_order(prefix):
         drop_patches(h, None, kept, prefix)
 
 
+def jitted(model):
+    """``f(x, keys, train)``: the module's call, compiled (eager NNX calls run op by op)."""
+    graphdef, state = nnx.split(model)
+
+    @functools.partial(jax.jit, static_argnames="train")
+    def apply(state, x, keys, train):
+        return nnx.merge(graphdef, state)(x, train=train, dropout_keys=keys)
+
+    return lambda x, keys, train: np.asarray(apply(state, x, keys, train=train))
+
+
 @pytest.mark.parametrize("class_token", [False, True])
 def test_a_vit_with_patch_dropout_is_per_example_and_evaluation_keeps_every_patch(class_token):
     """Float64: in training, each example's output is the one it has alone with its key (the
@@ -68,19 +80,17 @@ def test_a_vit_with_patch_dropout_is_per_example_and_evaluation_keeps_every_patc
     settings = {**VIT, "class_token": class_token, "pre_norm": class_token,
                 "pool": "token" if class_token else "mean"}
     with jax.enable_x64(True):
-        masked = build_encoder({**settings, "patch_dropout": 0.75}, nnx.Rngs(0),
-                               dtype=jnp.float64)
-        plain = build_encoder(settings, nnx.Rngs(0), dtype=jnp.float64)
+        masked = jitted(build_encoder({**settings, "patch_dropout": 0.75}, nnx.Rngs(0),
+                                      dtype=jnp.float64))
+        plain = jitted(build_encoder(settings, nnx.Rngs(0), dtype=jnp.float64))
         x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, (6, 16, 16, 1)))
         keys = jax.random.split(jax.random.key(3), 6)
-        batch = np.asarray(masked(x, train=True, dropout_keys=keys))
+        batch = masked(x, keys, train=True)
         for b in range(6):
-            alone = masked(x[b:b + 1], train=True, dropout_keys=keys[b:b + 1])
-            np.testing.assert_allclose(np.asarray(alone)[0], batch[b], rtol=1e-12, atol=1e-14)
-        np.testing.assert_array_equal(np.asarray(masked(x, train=False)),
-                                      np.asarray(plain(x, train=False)))
-        unmasked = np.asarray(plain(x, train=True, dropout_keys=keys))
-        assert np.abs(batch - unmasked).max() > 1e-3
+            alone = masked(x[b:b + 1], keys[b:b + 1], train=True)
+            np.testing.assert_allclose(alone[0], batch[b], rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(masked(x, keys, train=False), plain(x, keys, train=False))
+        assert np.abs(batch - plain(x, keys, train=True)).max() > 1e-3
 
 
 def test_the_flops_of_a_training_pass_follow_the_kept_tokens():
