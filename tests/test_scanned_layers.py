@@ -310,10 +310,10 @@ def test_the_unrolled_fixture_resumes_scanned(tmp_path):
 def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_the_same(
         tmp_path):
     """The open_clip fixture converted (today: scanned) and the same parameters saved in the
-    unrolled layout, as a directory converted before scanned layers holds them: each loads
-    (``load_converted``) in its own model's layout, initialises a model of the other layout
-    (``model.init_from``) with the same numbers, and exports to open_clip's state dict bit
-    for bit."""
+    unrolled layout, as a directory converted before scanned layers holds them (its model
+    with patch dropout): each loads (``load_converted``) in its own model's layout,
+    initialises a model of the other layout (``model.init_from``) with the same numbers, and
+    exports to open_clip's state dict bit for bit."""
     from safetensors.numpy import load_file
 
     from contrastive_jax.training.models.converters import (
@@ -330,6 +330,9 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
                                                    text_heads=2)
     unrolled_block = {**block, **{t: {**block[t], "scan": False}
                                   for t in ("sample_encoder", "text_encoder")}}
+    # training-only settings travel with a block and change nothing here (FLIP's patch
+    # dropout: a masked pre-training run's workdir initialises an unmasked model and back)
+    unrolled_block["sample_encoder"]["patch_dropout"] = 0.5
     unrolled = open_clip_tensors.in_model_layout(unrolled_block, params)
     assert 1 in unrolled["text_encoder"]["blocks"]
     assert open_clip_tensors.leaves_by_path(params)["text_encoder/blocks/fc1/kernel"].shape[0] == 2

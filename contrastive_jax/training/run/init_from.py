@@ -64,8 +64,9 @@ FIELDS = ("path", "source", "target")
 # and bias); left out when two model blocks are compared
 NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "attention", "frozen", "init_from",
                     "init_temperature", "init_bias")
-# a tower's settings of how its blocks are laid out and run, not what they compute
-NOT_ARCHITECTURE_OF_A_TOWER = ("scan",)
+# a tower's settings of how its blocks are laid out and run, not what they compute, and
+# patch dropout (training only: the same parameters and the same evaluation function)
+NOT_ARCHITECTURE_OF_A_TOWER = ("scan", "patch_dropout")
 
 
 @dataclasses.dataclass(frozen=True)
