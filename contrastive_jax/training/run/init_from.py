@@ -54,6 +54,10 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import with_defaults
+from contrastive_jax.training.models.position_resampling import (
+    resample_grid_positions,
+    truncated_text_positions,
+)
 from contrastive_jax.training.models.scanned_layers import to_layout
 from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
@@ -272,6 +276,8 @@ def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
         return
     source, target = _dotted(source), _dotted(target)
     for key in sorted(source.keys() | target.keys()):
+        if _resizable(key, target):  # the positions are resampled / truncated (_mapped)
+            continue
         if source.get(key, "<absent>") != target.get(key, "<absent>"):
             raise ConfigError(
                 f"model.init_from {spec.path}: the checkpoint's model block "
@@ -281,10 +287,45 @@ def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
                 "checkpoint's")
 
 
+# a tower's size settings whose only parameter is its position table: the table is moved to
+# the new size (models/position_resampling.py) instead of the blocks being required equal
+RESIZABLE = {"vit": "image_size", "text_transformer": "max_tokens"}
+
+
+def _resizable(key: str, block: Mapping[str, Any]) -> bool:
+    """Whether the dotted ``key`` of a (dotted) model block is a tower's resizable size."""
+    prefix, _, name = key.rpartition(".")
+    tower = block.get(f"{prefix}.name" if prefix else "name")
+    return RESIZABLE.get(tower) == name
+
+
+def position_movers(model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{parameter path: f(source table, target shape) -> table}`` for the position tables
+    of the model's towers: a ViT's resampled to its patch grid (its class token's row kept), a
+    text tower's truncated to its context (:mod:`.models.position_resampling`)."""
+    towers = {k: v for k, v in model_config.items() if isinstance(v, Mapping) and "name" in v}
+    if "name" in model_config and not towers:
+        towers = {"": model_config}
+    out = {}
+    for key, tower in towers.items():
+        path = f"{key}/positions" if key else "positions"
+        if tower["name"] == "vit":
+            prefix = int(bool(tower.get("class_token", False)))
+            out[path] = lambda table, shape, prefix=prefix, path=path: resample_grid_positions(
+                table, shape[1], prefix, f"model.init_from: {path}")
+        elif tower["name"] == "text_transformer":
+            out[path] = lambda table, shape, path=path: truncated_text_positions(
+                table, shape[1], f"model.init_from: {path}")
+    return out
+
+
 def _mapped(spec: InitFrom, source: Mapping[str, np.ndarray], target: Mapping[str, Any],
-            what: str, origin: str) -> dict[str, np.ndarray]:
+            what: str, origin: str, movers: Mapping[str, Any] | None = None,
+            notes: list[str] | None = None) -> dict[str, np.ndarray]:
     """``{target path: value}`` for every target leaf under ``spec.target``, from the source
-    leaves under ``spec.source``: exactly the same relative paths and shapes."""
+    leaves under ``spec.source``: exactly the same relative paths and shapes, except the
+    position tables in ``movers`` (:func:`position_movers`), moved to the target's shape (a
+    line each in ``notes``)."""
     want, have = _under(target, spec.target), _under(source, spec.source)
     have = to_layout(have, want)  # scanned <-> unrolled Transformer blocks (model.<tower>.scan)
     out = {}
@@ -297,6 +338,13 @@ def _mapped(spec: InitFrom, source: Mapping[str, np.ndarray], target: Mapping[st
                 f"{origin}; check source/target (the checkpoint's top-level entries: "
                 f"{sorted({k.split('/')[0] for k in source})[:12]})")
         value, leaf = have[name], want[name]
+        if tuple(value.shape) != tuple(leaf.shape) and full in (movers or {}) and \
+                value.ndim == 3 and value.shape[2] == leaf.shape[2]:
+            moved = movers[full](np.asarray(value), tuple(leaf.shape))
+            if notes is not None:
+                notes.append(f"model.init_from {spec.path}: {full} moved from "
+                             f"{value.shape[1]} to {leaf.shape[1]} positions")
+            value = moved
         if tuple(value.shape) != tuple(leaf.shape):
             raise ConfigError(
                 f"model.init_from {spec.path}: the {what} {full!r} has shape "
@@ -341,7 +389,10 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
                 f"model.init_from target {spec.target!r} is not a subtree of this model's "
                 f"parameters; its top-level entries: "
                 f"{sorted({k.split('/')[0] for k in params_by_path})}")
-        loaded.update(_mapped(spec, stored.params, params_by_path, "parameter", origin))
+        notes: list[str] = []
+        loaded.update(_mapped(spec, stored.params, params_by_path, "parameter", origin,
+                              position_movers(model_config), notes))
+        messages += notes
         if stored.kind == "workdir" or _under(rest_by_path, spec.target):
             loaded_rest.update(_mapped(spec, stored.rest, rest_by_path,
                                        "non-parameter state (BatchNorm statistics)", origin))
