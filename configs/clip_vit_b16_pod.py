@@ -60,6 +60,12 @@ source's file, or ``tokenizer=FILE``: that tokenizer's file, e.g. a SigLIP model
     python -m contrastive_jax.main --workdir=gs://BUCKET/lit \
         --config=configs/clip_vit_b16_pod.py:pretrained=converted/vit_b16_siglip
 
+Lower resolution (CLIPA, docs/training.md "Cheaper training"): ``res=112`` trains on 112 x 112
+images (49 patches instead of 196); the full-resolution tuning run is
+``pretrained=WORKDIR,mode=finetune,res=224`` (the first run's model at 224, its position table
+resampled to the 14 x 14 grid, docs/pretrained.md; the source's patch dropout is not carried
+over).
+
 Patch dropout (FLIP, docs/training.md "Cheaper training"): the variant ``patch_dropout=0.5``
 trains with each image keeping half of its 196 patch tokens (evaluation keeps all); the
 unmasked tuning phase is the same config with ``--config.model.sample_encoder.patch_dropout=0``
@@ -67,7 +73,7 @@ and ``--accept_config_change`` on the same workdir.
 
 Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
 ``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``pretrained``, ``mode``,
-``patch_dropout``, ``tiny`` (a
+``patch_dropout``, ``res``, ``tiny`` (a
 few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step: the
 test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
 ``python -m contrastive_jax.training.data.prepare --mock coco_captions``).
@@ -101,7 +107,7 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
               steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
-              pretrained="", mode="locked", patch_dropout=None)
+              pretrained="", mode="locked", patch_dropout=None, res=0)
     config = base_config()
     config.data = data.default_data_config()
     split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
@@ -153,8 +159,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # cuDNN's fused attention on a GPU where it applies, else XLA (encoders/attention.py)
         "attention": "auto",
     }
-    if v.patch_dropout is not None:  # FLIP: each image keeps 1 - p of its patch tokens
-        config.model.sample_encoder.patch_dropout = v.patch_dropout
     # parameters and AdamW moments split over the 256 chips (docs/sharding.md)
     config.sharding.params = "fsdp"
     config.accumulation_steps = v.accumulation
@@ -184,13 +188,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.loss.block_size = 2
         config.sharding.min_size = 0  # split even the tiny leaves, so the test covers FSDP
         if v.pretrained:  # the source's model as it is
-            return config
+            return _cheaper(config, v.res, v.patch_dropout)
         config.data.preprocess.update({"image_size": 32, "max_tokens": 12})
         config.model.sample_encoder.update({"image_size": 32, "width": 16, "depth": 1,
                                             "heads": 2, "features": 16})
         config.model.text_encoder.update({"vocab_size": 64, "max_tokens": 12, "width": 16,
                                           "depth": 1, "heads": 2, "features": 16})
         config.model.embed_dim = 8
+    return _cheaper(config, v.res, v.patch_dropout)
+
+
+def _cheaper(config: ml_collections.ConfigDict, res: int,
+             patch_dropout: float | None) -> ml_collections.ConfigDict:
+    """``res=N``: images of N x N pixels, cropped and resized so on the host and fed to a ViT
+    of that size (CLIPA's low-resolution pre-training; 0: the config's own size);
+    ``patch_dropout=P``: each training image keeps 1 - P of its patch tokens (FLIP)."""
+    if patch_dropout is not None:
+        config.model.sample_encoder.patch_dropout = patch_dropout
+    if res:
+        if not isinstance(res, int) or isinstance(res, bool) or res < 1:
+            raise ConfigError(f"res={res!r}: give the image size in pixels, e.g. res=112")
+        config.data.preprocess.image_size = res
+        config.model.sample_encoder.image_size = res
     return config
 
 
@@ -216,7 +235,9 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
         raise ConfigError(f"pretrained={source} has no tokenizer file: give its own with "
                           f"tokenizer=FILE (kind {spec['kind']!r}: CLIP's "
                           "bpe_simple_vocab_16e6.txt.gz or a SigLIP model's spiece.model)")
-    towers = {k: {"scan": True, **block[k]} for k in ("sample_encoder", "text_encoder")}
+    # the source's architecture; its patch dropout was a setting of its training run
+    towers = {k: {"scan": True, **{s: u for s, u in block[k].items() if s != "patch_dropout"}}
+              for k in ("sample_encoder", "text_encoder")}
     config.model = {**block, **towers, "dtype": "bfloat16", "remat": True, "attention": "auto",
                     "init_from": {"path": source}}
     if mode == "locked":

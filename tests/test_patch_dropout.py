@@ -139,3 +139,7 @@ def test_the_pod_template_variant_sets_it_and_the_tuning_override_clears_it():
     assert "patch_dropout" not in load_config(str(TEMPLATE)).model.sample_encoder
     config.model.sample_encoder.patch_dropout = 0  # what the tuning phase's override sets
     assert config.model.sample_encoder.patch_dropout == 0.0  # the field is a float
+    low = load_config(f"{TEMPLATE}:res=112")  # CLIPA's low resolution: 49 patches
+    assert low.model.sample_encoder.image_size == low.data.preprocess.image_size == 112
+    with pytest.raises(Exception, match=r"res='big': give the image size in pixels"):
+        load_config(f"{TEMPLATE}:res=big")

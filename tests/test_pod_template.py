@@ -148,6 +148,29 @@ def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys
     assert "resum" in capsys.readouterr().out
 
 
+def test_clipa_recipe_low_resolution_masked_then_full_resolution_from_its_workdir(
+        mock_coco, tmp_path, capsys):
+    """The two-run recipe of the template's docstring on the tiny template: ``res=16,
+    patch_dropout=0.5`` (1 patch of 16 x 16 pixels instead of 4), then
+    ``pretrained=<its workdir>,mode=finetune,res=32``: the first run's model at 32 x 32, its
+    position table resampled from 1 to 4 patch rows, without the source's patch dropout."""
+    data_dir, model = mock_coco
+    low = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},res=16,patch_dropout=0.5")
+    assert low.model.sample_encoder.image_size == low.data.preprocess.image_size == 16
+    low.data.data_dir, low.evaluation.enabled = data_dir, False
+    assert train.train_and_evaluate(low, str(tmp_path / "low"))["steps"] == 1
+    full = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},"
+                       f"pretrained={tmp_path / 'low'},mode=finetune,res=32")
+    assert full.model.sample_encoder.image_size == full.data.preprocess.image_size == 32
+    assert "patch_dropout" not in full.model.sample_encoder and "frozen" not in full.model
+    full.data.data_dir, full.evaluation.enabled = data_dir, False
+    capsys.readouterr()
+    results = train.train_and_evaluate(full, str(tmp_path / "full"))
+    out = capsys.readouterr().out
+    assert "sample_encoder/positions moved from 1 to 4 positions" in out, out[-3000:]
+    assert results["steps"] == 1 and np.isfinite(results["final_train_metrics"]["loss"])
+
+
 def test_pod_template_start_errors(mock_coco, tmp_path):
     data_dir, model = mock_coco
     config = load_config("clip_vit_b16_pod.py:tiny")  # no tokenizer given
