@@ -23,7 +23,7 @@ from ml_collections import config_flags
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_encoder
-from contrastive_jax.training.models.encoders.transformer import (
+from contrastive_jax.training.models.dropout import (
     PATCH_DROPOUT_SITE,
     drop_patches,
     kept_patches,
@@ -141,5 +141,7 @@ def test_the_pod_template_variant_sets_it_and_the_tuning_override_clears_it():
     assert config.model.sample_encoder.patch_dropout == 0.0  # the field is a float
     low = load_config(f"{TEMPLATE}:res=112")  # CLIPA's low resolution: 49 patches
     assert low.model.sample_encoder.image_size == low.data.preprocess.image_size == 112
-    with pytest.raises(Exception, match=r"res='big': give the image size in pixels"):
-        load_config(f"{TEMPLATE}:res=big")
+    from test_train import load_config as get_config  # the config file's own ConfigError
+
+    with pytest.raises(ConfigError, match=r"res='big': give the image size in pixels"):
+        get_config("clip_vit_b16_pod.py:res=big")

@@ -14,6 +14,8 @@ longer one has rows no run learned, and is refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +62,37 @@ def truncated_text_positions(positions: np.ndarray, rows: int,
                           f"this model {rows}; a longer context has positions no run learned: "
                           f"set max_tokens <= {positions.shape[1]}")
     return positions[:, :rows]
+
+
+# a tower's size settings whose only parameter is its position table: the table is moved to
+# the new size (models/position_resampling.py) instead of the blocks being required equal
+RESIZABLE = {"vit": "image_size", "text_transformer": "max_tokens"}
+
+
+def resizable(key: str, block: Mapping[str, Any]) -> bool:
+    """Whether the dotted ``key`` of a model block flattened by dotted names
+    (``{"sample_encoder.image_size": 224, ...}``) is a tower's resizable size: the block
+    comparison of ``model.init_from`` lets it differ."""
+    prefix, _, name = key.rpartition(".")
+    tower = block.get(f"{prefix}.name" if prefix else "name")
+    return RESIZABLE.get(tower) == name
+
+
+def position_movers(model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``{parameter path: f(source table, target shape) -> table}`` for the position tables
+    of the model's towers: a ViT's resampled to its patch grid (its class token's row kept), a
+    text tower's truncated to its context."""
+    towers = {k: v for k, v in model_config.items() if isinstance(v, Mapping) and "name" in v}
+    if "name" in model_config and not towers:
+        towers = {"": model_config}
+    out = {}
+    for key, tower in towers.items():
+        path = f"{key}/positions" if key else "positions"
+        if tower["name"] == "vit":
+            prefix = int(bool(tower.get("class_token", False)))
+            out[path] = lambda table, shape, prefix=prefix, path=path: resample_grid_positions(
+                table, shape[1], prefix, f"model.init_from: {path}")
+        elif tower["name"] == "text_transformer":
+            out[path] = lambda table, shape, path=path: truncated_text_positions(
+                table, shape[1], f"model.init_from: {path}")
+    return out

@@ -54,10 +54,7 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import with_defaults
-from contrastive_jax.training.models.position_resampling import (
-    resample_grid_positions,
-    truncated_text_positions,
-)
+from contrastive_jax.training.models.position_resampling import position_movers, resizable
 from contrastive_jax.training.models.scanned_layers import to_layout
 from contrastive_jax.training.run.workdir.config_record import upgrade
 from contrastive_jax.training.step.state_sharding import path_name
@@ -276,7 +273,7 @@ def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
         return
     source, target = _dotted(source), _dotted(target)
     for key in sorted(source.keys() | target.keys()):
-        if _resizable(key, target):  # the positions are resampled / truncated (_mapped)
+        if resizable(key, target):  # the positions are resampled / truncated (_mapped)
             continue
         if source.get(key, "<absent>") != target.get(key, "<absent>"):
             raise ConfigError(
@@ -287,45 +284,13 @@ def _check_blocks(spec: InitFrom, source_model: Mapping, target_model: Mapping,
                 "checkpoint's")
 
 
-# a tower's size settings whose only parameter is its position table: the table is moved to
-# the new size (models/position_resampling.py) instead of the blocks being required equal
-RESIZABLE = {"vit": "image_size", "text_transformer": "max_tokens"}
-
-
-def _resizable(key: str, block: Mapping[str, Any]) -> bool:
-    """Whether the dotted ``key`` of a (dotted) model block is a tower's resizable size."""
-    prefix, _, name = key.rpartition(".")
-    tower = block.get(f"{prefix}.name" if prefix else "name")
-    return RESIZABLE.get(tower) == name
-
-
-def position_movers(model_config: Mapping[str, Any]) -> dict[str, Any]:
-    """``{parameter path: f(source table, target shape) -> table}`` for the position tables
-    of the model's towers: a ViT's resampled to its patch grid (its class token's row kept), a
-    text tower's truncated to its context (:mod:`.models.position_resampling`)."""
-    towers = {k: v for k, v in model_config.items() if isinstance(v, Mapping) and "name" in v}
-    if "name" in model_config and not towers:
-        towers = {"": model_config}
-    out = {}
-    for key, tower in towers.items():
-        path = f"{key}/positions" if key else "positions"
-        if tower["name"] == "vit":
-            prefix = int(bool(tower.get("class_token", False)))
-            out[path] = lambda table, shape, prefix=prefix, path=path: resample_grid_positions(
-                table, shape[1], prefix, f"model.init_from: {path}")
-        elif tower["name"] == "text_transformer":
-            out[path] = lambda table, shape, path=path: truncated_text_positions(
-                table, shape[1], f"model.init_from: {path}")
-    return out
-
-
 def _mapped(spec: InitFrom, source: Mapping[str, np.ndarray], target: Mapping[str, Any],
             what: str, origin: str, movers: Mapping[str, Any] | None = None,
             notes: list[str] | None = None) -> dict[str, np.ndarray]:
     """``{target path: value}`` for every target leaf under ``spec.target``, from the source
     leaves under ``spec.source``: exactly the same relative paths and shapes, except the
-    position tables in ``movers`` (:func:`position_movers`), moved to the target's shape (a
-    line each in ``notes``)."""
+    position tables in ``movers`` (``position_resampling.position_movers``), moved to the
+    target's shape (a line each in ``notes``)."""
     want, have = _under(target, spec.target), _under(source, spec.source)
     have = to_layout(have, want)  # scanned <-> unrolled Transformer blocks (model.<tower>.scan)
     out = {}

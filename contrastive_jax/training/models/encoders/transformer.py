@@ -20,7 +20,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.dropout import ExampleDropout, fold_each
+from contrastive_jax.training.models.dropout import (
+    ExampleDropout,
+    check_patch_dropout,
+    drop_patches,
+    fold_each,
+    kept_patches,
+)
 from contrastive_jax.training.models.encoders.attention import attention_function, check_attention
 from contrastive_jax.training.models.precision import cast
 from contrastive_jax.training.models.remat import checkpointed
@@ -185,45 +191,6 @@ def _output_layer(width: int, features: int | None, dtype, rngs: nnx.Rngs):
     if features is None:
         return None, width
     return nnx.Linear(width, features, dtype=dtype, rngs=rngs), features
-
-
-# the dropout-key site of patch dropout: blocks fold in their index 0 .. depth - 1
-PATCH_DROPOUT_SITE = 2**31 - 1
-
-
-def check_patch_dropout(p) -> float:
-    """``p`` as a float if ``0 <= p < 1``, else a :class:`ConfigError` saying what to set."""
-    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p < 1.0:
-        raise ConfigError(f"ViT patch_dropout is the fraction of patch tokens dropped in "
-                          f"training and must lie in [0, 1) (0: off); got {p!r}")
-    return float(p)
-
-
-def kept_patches(patches: int, p: float) -> int:
-    """``max(1, round((1 - p) patches))``: the patch tokens each example keeps under patch
-    dropout ``p`` (196 patches: 98 at p = 0.5, 49 at p = 0.75)."""
-    return max(1, round((1.0 - p) * patches))
-
-
-def drop_patches(h: jax.Array, keys: jax.Array | None, kept: int, prefix: int) -> jax.Array:
-    """Patch dropout ([FLIP]): each example keeps ``kept`` of its patch tokens.
-
-    ``h (B, prefix + P, width)``: ``prefix`` leading tokens (the class token) always kept, then
-    ``P`` patch tokens; ``keys (B,)``: one PRNG key per example. Example ``b`` draws
-    ``u ~ U(0, 1)^P`` from ``fold_in(keys[b], PATCH_DROPOUT_SITE)`` and keeps the patches of
-    the ``kept`` smallest ``u``, in their original order. Returns ``(B, prefix + kept,
-    width)``. Each example's subset depends on its own key only, so micro-batches draw the
-    subsets one batch does (:mod:`contrastive_jax.training.models.dropout`).
-    """
-    if keys is None or keys.shape != h.shape[:1]:
-        raise ConfigError(f"patch dropout in training needs one key per example: keys of shape "
-                          f"({h.shape[0]},); got {None if keys is None else keys.shape}")
-    patches = h.shape[1] - prefix
-    site = fold_each(keys, PATCH_DROPOUT_SITE)
-    u = jax.vmap(lambda k: jax.random.uniform(k, (patches,)))(site)
-    index = jnp.sort(jnp.argsort(u, axis=1)[:, :kept], axis=1) + prefix  # (B, kept)
-    kept_tokens = jnp.take_along_axis(h, index[:, :, None], axis=1)
-    return jnp.concatenate([h[:, :prefix], kept_tokens], axis=1)
 
 
 class ViT(nnx.Module):
