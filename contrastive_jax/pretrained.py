@@ -261,7 +261,8 @@ def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str 
 
 def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None = None,
                     tokenizer: str | os.PathLike | bool | None = None,
-                    dtype: str = "float32"):
+                    dtype: str = "float32", image_size: int | None = None,
+                    max_tokens: int | None = None):
     """``(model, preprocess, tokenizer)`` of a converted directory, a trainer workdir, an
     open_clip hub directory or cache, or an open_clip model name (module docstring).
 
@@ -272,8 +273,19 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
     is none), a path to the tokenizer's file (CLIP's ``bpe_simple_vocab_16e6.txt.gz``, a
     SentencePiece ``.model``) with the kind the model needs, or ``False``: no tokenizer
     (``None`` comes back). ``dtype``: the compute dtype, ``"float32"`` or ``"bfloat16"``.
+    ``image_size`` / ``max_tokens``: another input size than the source's ([CLIPA]; open_clip's
+    ``force_image_size``): the ViT's position table resampled bicubically to the new patch grid
+    and the preprocess resizing to it, the text table truncated to the shorter context (a
+    longer one is refused); docs/pretrained.md, "Another image size or context".
     """
     source = read_source(path_or_name, pretrained=pretrained)
+    if image_size is not None or max_tokens is not None:
+        from contrastive_jax.training.models.position_resampling import resized_model
+
+        model_block, params, pre, _ = resized_model(
+            source.model, source.params, source.preprocess, image_size=image_size,
+            max_tokens=max_tokens, what="load_pretrained")
+        source = dataclasses.replace(source, model=model_block, params=params, preprocess=pre)
     model = build_pretrained_model(source.model, source.params, dtype=dtype)
     preprocess = None
     if source.preprocess is not None:

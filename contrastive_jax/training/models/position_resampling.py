@@ -96,3 +96,54 @@ def position_movers(model_config: Mapping[str, Any]) -> dict[str, Any]:
             out[path] = lambda table, shape, path=path: truncated_text_positions(
                 table, shape[1], f"model.init_from: {path}")
     return out
+
+
+def resized_model(model: Mapping[str, Any], params: Mapping[str, Any],
+                  preprocess: Mapping[str, Any] | None = None, *,
+                  image_size: int | None = None, max_tokens: int | None = None,
+                  what: str = "resize") -> tuple[dict, dict, dict | None, list[str]]:
+    """``(model block, params, preprocess, notes)`` of a dual encoder moved to another image
+    size and/or a shorter text context ([CLIPA]; open_clip's ``force_image_size``): the
+    ``sample_encoder`` ViT's ``image_size`` set and its position table resampled
+    (:func:`resample_grid_positions`), the ``text_encoder``'s ``max_tokens`` set and its table
+    truncated (:func:`truncated_text_positions`), the pixel settings' ``image_size`` with it;
+    ``None`` (or the size it has) leaves a tower as it is. ``params``: the nested parameter
+    dict of the block (``params["sample_encoder"]["positions"]``); nothing else changes. A
+    size on a tower that has no such setting, or an image size that is not a multiple of the
+    patch, is a :class:`ConfigError` naming ``what`` (the option's name)."""
+    model, params = dict(model), dict(params)
+    preprocess = None if preprocess is None else dict(preprocess)
+    notes = []
+    for size, tower, name, setting in ((image_size, "sample_encoder", "vit", "image_size"),
+                                       (max_tokens, "text_encoder", "text_transformer",
+                                        "max_tokens")):
+        if size is None:
+            continue
+        block = dict(model.get(tower) or {})
+        if block.get("name") != name:
+            raise ConfigError(f"{what}: {setting} changes a {name!r} {tower}; this model's is "
+                              f"{block.get('name')!r}: drop {setting}")
+        if int(size) < 1:
+            raise ConfigError(f"{what}: {setting} must be a positive integer; got {size}")
+        size, old = int(size), int(block[setting])
+        if size == old:
+            continue
+        table = np.asarray(params[tower]["positions"])
+        if name == "vit":
+            patch = int(block["patch"])
+            if size % patch:
+                raise ConfigError(f"{what}: image_size {size} is not a multiple of the "
+                                  f"model's patch {patch}; choose a multiple of {patch}")
+            prefix = int(bool(block.get("class_token", False)))
+            moved = resample_grid_positions(table, prefix + (size // patch) ** 2, prefix,
+                                            f"{what}: {tower}/positions")
+            if preprocess is not None:
+                preprocess["image_size"] = size
+        else:
+            moved = truncated_text_positions(table, size, f"{what}: {tower}/positions")
+        block[setting] = size
+        model[tower] = block
+        params[tower] = {**params[tower], "positions": moved}
+        notes.append(f"{what}: {tower} {setting} {old} -> {size}; {tower}/positions moved "
+                     f"from {table.shape[1]} to {moved.shape[1]} positions")
+    return model, params, preprocess, notes

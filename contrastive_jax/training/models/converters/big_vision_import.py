@@ -2,7 +2,7 @@
 
     python -m contrastive_jax.training.models.converters.big_vision_import \\
         --checkpoint=FILE.npz --output=DIR [--activation=gelu_tanh|gelu] [--vision_heads=N]
-        [--text_heads=N]
+        [--text_heads=N] [--image_size=N] [--max_tokens=T]
 
 reads the ``.npz`` parameter files that big_vision (the JAX code SigLIP was trained with,
 [SigLIP], [BigVision] in docs/references.md) releases (nothing is downloaded): one array per
@@ -65,7 +65,10 @@ from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.converted_directory import save_converted
+from contrastive_jax.training.models.converters.converted_directory import (
+    define_size_flags,
+    save_converted,
+)
 from contrastive_jax.training.models.converters.open_clip_tensors import (
     describe_sizes,
     in_model_layout,
@@ -464,6 +467,7 @@ _VISION_HEADS = flags.DEFINE_integer(
 _TEXT_HEADS = flags.DEFINE_integer(
     "text_heads", None, "text tower heads (default: big_vision's variant of that width)",
     flag_values=FLAGS)
+_IMAGE_SIZE, _MAX_TOKENS = define_size_flags(FLAGS)
 COMMAND = command_line.Command(
     program="python -m contrastive_jax.training.models.converters.big_vision_import",
     doc=__doc__, flag_values=FLAGS, required=("checkpoint", "output"))
@@ -480,7 +484,9 @@ def _convert_and_save(positional: list[str]) -> None:
     """Convert ``--checkpoint`` into ``--output`` and print what was written."""
     config, params = convert_npz(_CHECKPOINT.value, activation=_ACTIVATION.value,
                              vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value)
-    save_converted(_OUTPUT.value, config, params, preprocess=npz_preprocess(config))
+    for text in save_converted(_OUTPUT.value, config, params, preprocess=npz_preprocess(config),
+                               image_size=_IMAGE_SIZE.value, max_tokens=_MAX_TOKENS.value):
+        print(f"note: {text}")
     count = sum(int(np.size(x)) for x in _leaves(params))
     print(f"wrote {_OUTPUT.value}: {count:,} parameters ({describe_sizes(config)}; "
           f"activation {_ACTIVATION.value})")

@@ -3,7 +3,7 @@
     python -m contrastive_jax.training.models.converters.clip_import --output=DIR \\
         --checkpoint=FILE|DIR|hf-hub:ORG/NAME [--open_clip_config=FILE|DIR] [--model=NAME]
         [--pretrained=TAG] [--quick_gelu=true|false] [--vision_heads=N] [--text_heads=N]
-        [--tokenizer=FILE] [--allow_torchscript]
+        [--tokenizer=FILE] [--allow_torchscript] [--image_size=N] [--max_tokens=T]
 
 reads a checkpoint the user already has (nothing is downloaded). With the model's open_clip
 config, the architecture comes from it (:mod:`.open_clip_config`: heads, activation, pooling,
@@ -75,7 +75,10 @@ from contrastive_jax.training.models.converters.clip_state_dict import (
     not_a_clip,
     summary,
 )
-from contrastive_jax.training.models.converters.converted_directory import save_converted
+from contrastive_jax.training.models.converters.converted_directory import (
+    define_size_flags,
+    save_converted,
+)
 from contrastive_jax.training.models.converters.open_clip_tensors import params_from_state_dict
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
 
@@ -295,6 +298,7 @@ _ALLOW_TORCHSCRIPT = flags.DEFINE_bool(
     "allow_torchscript", False, "read a TorchScript archive (OpenAI's release files) with "
     "torch.jit.load, which runs code stored in the file: only for a file you trust (refused "
     "without this flag)", flag_values=FLAGS)
+_IMAGE_SIZE, _MAX_TOKENS = define_size_flags(FLAGS)
 COMMAND = command_line.Command(
     program="python -m contrastive_jax.training.models.converters.clip_import", doc=__doc__,
     flag_values=FLAGS, required=("output",))
@@ -332,8 +336,10 @@ def _convert_and_save(positional: list[str]) -> None:
         print(f"note: no tokenizer file beside the weights, so none in {_OUTPUT.value}; pass "
               "--tokenizer=FILE to include it (load_pretrained then needs no tokenizer=)")
     tokenizer = tokenizer if tokenizer and tokenizer["path"] else None
-    save_converted(_OUTPUT.value, converted.model, converted.params,
-                   preprocess=converted.preprocess, tokenizer=tokenizer)
+    for text in save_converted(_OUTPUT.value, converted.model, converted.params,
+                               preprocess=converted.preprocess, tokenizer=tokenizer,
+                               image_size=_IMAGE_SIZE.value, max_tokens=_MAX_TOKENS.value):
+        print(f"note: {text}")
     count = sum(int(np.prod(np.shape(x))) for x in _leaves(converted.params))
     print(f"wrote {_OUTPUT.value}: {count:,} parameters ({summary(converted.model)})")
 

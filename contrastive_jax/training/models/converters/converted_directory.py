@@ -27,24 +27,49 @@ PREPROCESS_FILE = "preprocess.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
+def define_size_flags(flag_values) -> tuple[Any, Any]:
+    """An importer's ``--image_size`` and ``--max_tokens`` (flag holders in ``flag_values``):
+    the converted model at another input size (:func:`save_converted`)."""
+    from absl import flags
+
+    return (flags.DEFINE_integer(
+                "image_size", None, "write the model at this image size instead of the "
+                "checkpoint's (a multiple of its patch): the position table resampled "
+                "bicubically to the new patch grid (CLIPA; open_clip's --force-image-size)",
+                flag_values=flag_values),
+            flags.DEFINE_integer(
+                "max_tokens", None, "write the model with this shorter text context: the text "
+                "position table truncated (a longer one is refused)", flag_values=flag_values))
+
+
 def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
                    params: Mapping[str, Any],
                    preprocess: Mapping[str, Any] | None = None,
-                   tokenizer: Mapping[str, Any] | None = None) -> None:
+                   tokenizer: Mapping[str, Any] | None = None, *,
+                   image_size: int | None = None, max_tokens: int | None = None) -> list[str]:
     """Write ``out_dir/model.json`` (``model_config``), ``out_dir/params`` (orbax
     ``StandardCheckpointer``) and, if given, ``out_dir/preprocess.json`` and the tokenizer
     (``tokenizer``: a ``data.preprocess.tokenizer`` spec whose ``path`` names an existing file;
     the file is copied to ``out_dir/tokenizer/`` and ``out_dir/tokenizer.json`` records the spec
     with that relative path). ``out_dir`` must not exist or be empty (nothing is
-    overwritten)."""
+    overwritten). ``image_size`` / ``max_tokens``: write the model at another input size, its
+    position tables moved (:func:`~contrastive_jax.training.models.position_resampling.
+    resized_model`); returns its lines saying what moved (none without them)."""
     import shutil
 
     import orbax.checkpoint as ocp
+
+    from contrastive_jax.training.models.position_resampling import resized_model
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ConfigError(f"output {out_dir!r} exists and is not an empty directory; choose a "
                           "new one")
+    notes = []
+    if image_size is not None or max_tokens is not None:
+        model_config, params, preprocess, notes = resized_model(
+            model_config, params, preprocess, image_size=image_size, max_tokens=max_tokens,
+            what="--image_size/--max_tokens")
     os.makedirs(out_dir, exist_ok=True)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(out_dir, "params"), dict(params))
@@ -67,6 +92,7 @@ def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
     with open(os.path.join(out_dir, "model.json"), "w") as f:  # last: the directory is complete
         json.dump(dict(model_config), f, indent=2)
         f.write("\n")
+    return notes
 
 
 def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
