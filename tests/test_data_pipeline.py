@@ -202,3 +202,13 @@ def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
     np.testing.assert_array_equal(out["caption"], [2, 4, 5, 6, 3])
     with pytest.raises(ConfigError, match=r"\(H, W, 3\) uint8"):
         pre({"image": image[..., 0], "captions": {"text": ["a"]}})
+    # extra_features: the label beside them, as the standard preprocessing gives it
+    labelled = image_text_preprocess(image_size=16, max_tokens=5, vocabulary=str(vocab),
+                                     extra_features=("label",))
+    out = labelled({"image": image, "captions": {"text": [b"a dog"]}, "label": np.int64(7)})
+    assert sorted(out) == ["caption", "image", "label"]
+    assert out["label"] == 7 and out["label"].dtype == np.int32
+    with pytest.raises(ConfigError, match=r"extra_features \['label'\] are not in the example"):
+        labelled({"image": image, "captions": {"text": [b"a dog"]}})
+    with pytest.raises(ConfigError, match=r"extra_features must be a list of feature names"):
+        image_text_preprocess(image_size=16, vocabulary=str(vocab), extra_features="label")

@@ -93,6 +93,38 @@ def test_digit_captions_pair_each_sample_with_its_caption(config, modality, key,
     assert (data["caption"] != captions.UNK).all()  # the vocabulary covers every template
 
 
+def test_digit_canvases_hold_each_digit_once_at_its_size_with_its_caption():
+    """digit_captions/canvas: 2 canvases of each digit of the split (in order), grey in RGB,
+    the digit's bright pixels inside one square of 12-24 pixels, the rest faint noise; the
+    caption the template's text for the label; the same canvases as ``canvas_images``."""
+    from contrastive_jax.training.data.datasets import digit_captions
+
+    for split, n in (("train", 1437), ("test", 360)):
+        source = open_split("digit_captions/canvas", split)
+        assert len(source) == n * digit_captions.PLACEMENTS
+        rows = sorted((source[i] for i in range(len(source))), key=lambda r: r["canvas"])
+        images, labels, indices = digits.digits_arrays()[split]
+        np.testing.assert_array_equal([r["index"] for r in rows], np.repeat(indices, 2))
+        np.testing.assert_array_equal([r["label"] for r in rows], np.repeat(labels, 2))
+        canvases = np.stack([r["image"] for r in rows])
+        expected, _ = digit_captions.canvas_images(images, digit_captions.TEMPLATE_SEEDS[split]
+                                                   + 100)
+        np.testing.assert_array_equal(canvases, expected)
+    assert canvases.shape[1:] == (48, 48, 3) and canvases.dtype == np.uint8
+    assert (canvases[..., 0] == canvases[..., 2]).all()
+    for canvas, row in zip(canvases[:100], rows[:100], strict=True):
+        bright = np.argwhere(canvas[..., 0] > 100)
+        extent = bright.max(0) - bright.min(0) + 1
+        assert extent.max() <= 24 and extent.min() >= 4, extent  # a digit of 12-24 pixels
+        text = row["caption"].decode() if isinstance(row["caption"], bytes) else row["caption"]
+        assert text == captions.caption("image", int(row["template"]), int(row["label"]))
+    outside = np.ones((48, 48), bool)  # the last canvas: everything off its digit's box
+    bright = np.argwhere(canvases[-1][..., 0] > 100)
+    (top, left), (bottom, right) = bright.min(0), bright.max(0)
+    outside[max(0, top - 4):bottom + 5, max(0, left - 4):right + 5] = False
+    assert canvases[-1][..., 0][outside].max() < 60  # noise of std 8 (of 255), clipped at 0
+
+
 def test_tokenizer():
     toks = captions.tokenize(["a plot of the digit seven", "Seven zebras"])
     assert toks.shape == (2, captions.MAX_TOKENS) and toks.dtype == np.int32

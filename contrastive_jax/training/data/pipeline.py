@@ -139,9 +139,11 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                           resize_mode: str = "shortest", crop: str = "center",
                           crop_scale: Sequence[float] = (0.9, 1.0),
                           crop_ratio: Sequence[float] = (3 / 4, 4 / 3),
-                          reduced_decode: bool = True, training: bool = False,
-                          seed: int = 0) -> Callable[..., Example]:
-    """Image-caption example (e.g. ``coco_captions``) -> ``{"image", "caption"}``.
+                          reduced_decode: bool = True, extra_features: Sequence[str] = (),
+                          training: bool = False, seed: int = 0) -> Callable[..., Example]:
+    """Image-caption example (e.g. ``coco_captions``) -> ``{"image", "caption"}`` and the
+    ``extra_features`` (e.g. ``("label",)``: zero-shot accuracy and retrieval by class,
+    ``evaluation.retrieval_match``), passed through as :func:`standard_preprocess` does.
 
     The image (encoded bytes, decoded here, or an (H, W, 3) uint8 array) becomes an
     ``image_size`` x ``image_size`` x 3 **uint8** array
@@ -186,6 +188,10 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     check_vocab_size(tokens_of, vocab_size)
     path = caption_key.split("/")
     random_crop = training and crop == "random"
+    if isinstance(extra_features, str) or not all(isinstance(k, str) for k in extra_features):
+        raise ConfigError("data.preprocess.extra_features must be a list of feature names, "
+                          f"e.g. ('label',); got {extra_features!r}")
+    extra = standard_preprocess(tuple(extra_features)) if extra_features else None
 
     def preprocess(example: Mapping, epoch: int = 0, position: int = 0) -> Example:
         if image_key not in example:
@@ -211,7 +217,13 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                 raise ConfigError(f"an example has no caption at {caption_key!r}")
             text = text[epoch % len(text)]
         tokens = tokens_of.encode([text], max_tokens)[0]
-        return {"image": image, "caption": tokens}
+        if extra is None:
+            return {"image": image, "caption": tokens}
+        missing = [k for k in extra_features if k not in example]
+        if missing:
+            raise ConfigError(f"data.preprocess.extra_features {missing} are not in the "
+                              f"example (it has {sorted(example)}); change extra_features")
+        return {**extra(example), "image": image, "caption": tokens}
 
     return preprocess
 

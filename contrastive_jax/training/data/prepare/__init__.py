@@ -1,6 +1,6 @@
 """Build the package's own datasets into a TFDS data dir, once, offline.
 
-``mnist1d``, ``digits`` and ``digit_captions/{mnist1d,digits}`` are TFDS builders whose data
+``mnist1d``, ``digits`` and ``digit_captions/{mnist1d,digits,canvas}`` are TFDS builders whose data
 are generated or shipped by a package, so preparing them needs no network. They are written
 as array_record files (random access, no TensorFlow needed to write or read) into
 ``data_dir/<name>/<version>/`` and reused afterwards.
@@ -54,7 +54,8 @@ LOCAL_DATASETS = {
     "digits": digits.Digits,
     "digit_captions": digit_captions.DigitCaptions,
 }
-LOCAL_NAMES = ("mnist1d", "digits", "digit_captions/mnist1d", "digit_captions/digits")
+LOCAL_NAMES = ("mnist1d", "digits", "digit_captions/mnist1d", "digit_captions/digits",
+               "digit_captions/canvas")
 DATA_DIR_ENV = "CONTRASTIVE_JAX_DATA_DIR"
 
 
