@@ -20,6 +20,10 @@ Exit status (docs/reliability.md):
   :class:`contrastive_jax.errors.ContrastiveJaxError`), a write the system refused (disk full,
   file-size limit, read-only files: :func:`contrastive_jax.errors.storage_cause`).
   ``CONTRASTIVE_JAX_TRACEBACK=1`` shows the traceback as well;
+- 75: a process of a multi-process job was lost (a host died, was preempted or killed;
+  process 0, the coordinator, included): one line ``error: the job lost a process: ...``
+  naming it and the checkpoint the rerun resumes from (:mod:`contrastive_jax.training.run.
+  job_supervisor`); start every process again with the same command;
 - 1: anything else, with its traceback: a bug (please report it).
 """
 
@@ -44,6 +48,7 @@ from contrastive_jax.errors import (
     storage_cause,
     storage_message,
 )
+from contrastive_jax.training.run import job_supervisor
 from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
 from contrastive_jax.training.run.distributed import (
     check_same_config,
@@ -149,16 +154,23 @@ def load_config():
     return config
 
 
-def _train(positional: list[str]) -> None:
+def _train(positional: list[str]) -> int | None:
     """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing; the command
-    takes no positional arguments: :data:`COMMAND`)."""
+    takes no positional arguments: :data:`COMMAND`). A process of a multi-process launch
+    trains in a supervised child (:mod:`~contrastive_jax.training.run.job_supervisor`) and
+    returns its status."""
     del positional  # always empty
     if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
         logging.set_verbosity(logging.WARNING)
     config = load_config()
+    launch = launch_settings(config.get("launch"))
+    if launch.mode != "single" and not job_supervisor.supervised():
+        check_workdir(_WORKDIR.value)
+        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch.heartbeat_timeout_s,
+                                        launch.process_id)
     check_workdir(_WORKDIR.value)
     enable_compilation_cache()
-    join_job(launch_settings(config.get("launch")))
+    join_job(launch)
     check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
@@ -176,6 +188,7 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 
 
 PROGRAM = "python -m contrastive_jax.main"
+_ARGV: list[str] = []  # the command's arguments, as given
 COMMAND = command_line.Command(
     program=PROGRAM, doc=__doc__, flag_names=("config", "workdir", "accept_config_change"),
     required=("config", "workdir"), parse=parse_trainer_flags, configs=True)
@@ -186,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     :func:`contrastive_jax.command_line.run_command`: the project's own errors as one paragraph and
     exit status 2; so is a write the system refused (:func:`storage_cause`)."""
     sys.unraisablehook = _drop_closed_loop_callbacks
+    _ARGV[:] = sys.argv[1:] if argv is None else argv  # a supervised child runs them again
     try:
         status = command_line.run_command(COMMAND, _train, argv)
     except Exception as err:  # a write the system refused is the user's to fix, not a bug

@@ -221,6 +221,60 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     assert saved[-1] == stopped
 
 
+LOST_HOST_ARGS = ["--config=configs/simclr_mnist1d.py:quick", "--config.total_steps=40",
+                  "--config.checkpoint_every=10", "--config.log_every=2",
+                  "--config.evaluation.enabled=False", "--config.launch.heartbeat_timeout_s=5"]
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp_path, victim):
+    """SIGKILL of one process mid-run (process 1; process 0, which hosts JAX's coordination
+    service): the other exits 75 within the heartbeat timeout (5 s) + 20 s with one line on
+    stderr naming what was lost and the checkpoint to resume from (no C++ abort, no
+    traceback). For process 1, rerunning both resumes and ends with the parameters of an
+    uninterrupted run, bit for bit."""
+    port = str(_free_port())
+    workdir = tmp_path / "run"
+    procs = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={workdir}"]) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 180
+        while not (workdir / "checkpoints" / "10").is_dir():  # step 10 saved, then mid-run
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate()[1][-1500:] for p in procs if p.poll() is not None]
+            time.sleep(0.02)
+        procs[victim].kill()
+        killed = time.monotonic()
+        survivor = procs[1 - victim]
+        _, err = survivor.communicate(timeout=60)
+        waited = time.monotonic() - killed
+    finally:
+        _finish_all(procs)
+    assert survivor.returncode == 75, err[-2000:]
+    lost = ("the connection to process 0, which coordinates the job, broke" if victim == 0
+            else "process 1 stopped sending heartbeats for 5 s")
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and lost in lines[0], err[-2000:]
+    assert "Traceback" not in err and "Check failure stack trace" not in err, err[-2000:]
+    step = int(lines[0].split("last checkpoint (step ")[1].split(" ")[0])
+    assert step in (10, 20, 30) and (workdir / "checkpoints" / str(step)).is_dir()
+    assert waited < 5 + 20
+    if victim == 0:
+        return
+    port = str(_free_port())
+    again = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={workdir}"]) for i in range(2)]
+    outs = _finish_all(again)
+    assert [p.returncode for p in again] == [0, 0], [e[-1500:] for _, e in outs]
+    assert f"resumed from step {step}" in outs[0][0]
+    port = str(_free_port())
+    reference = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={tmp_path / 'plain'}"])
+                 for i in range(2)]
+    outs = _finish_all(reference)
+    assert [p.returncode for p in reference] == [0, 0], [e[-1500:] for _, e in outs]
+    digests = [json.loads((d / "results.json").read_text())["params_sha256"]
+               for d in (workdir, tmp_path / "plain")]
+    assert digests[0] == digests[1]
+
+
 def _cli_process(i: int, port: str, args: list[str],
                  env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""

@@ -1,0 +1,142 @@
+"""A multi-process run's process, watched: when the job loses a host, one line and exit 75.
+
+When a process of a ``jax.distributed`` job dies (its host fails, is preempted without
+notice, is killed), JAX's coordination service notices the missing heartbeats after
+``launch.heartbeat_timeout_s`` and terminates every other process from C++: a ``SIGABRT``
+after a fatal log ("Terminating process because the JAX distributed service detected fatal
+errors"), a stack trace, tracebacks of orbax's background threads. The same happens to every
+process when process 0, which hosts the service, dies. jaxlib offers no hook a Python program
+can use: the client's ``missed_heartbeat_callback`` fails to hand its status to a Python
+function (``std::bad_cast``, then ``terminate``; jaxlib 0.10.2, checked 2026-12-04), and the
+service's ``recoverable`` mode keeps processes alive only while process 0 lives.
+
+So ``python -m contrastive_jax.main`` of a multi-process launch trains in a child process
+(the same command, :data:`SUPERVISED_ENV` set) and watches its stderr. Lines pass through as
+they come until the first line of the coordination service's failure report or of a Python
+traceback (a collective whose peer went away fails first, in Python); from there stderr is
+held back. When the child has exited after the service's fatal report (or, failing, after a
+collective lost its peer), the process prints one line, naming the lost process(es) where the
+report does, the last checkpoint on disk and the command to resume, and exits with
+:data:`LOST_PROCESS_STATUS` (75, ``EX_TEMPFAIL``: rerun). A child that ends otherwise gives
+its own status, and the held-back lines are printed as they were. SIGTERM, SIGINT, SIGHUP,
+SIGUSR1 and SIGUSR2 sent to the process are passed to the child (its own process group: a
+terminal's ^C reaches it once), and the child is killed when the process dies
+(``PR_SET_PDEATHSIG``).
+docs/reliability.md, "Multi-host faults".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+SUPERVISED_ENV = "CONTRASTIVE_JAX_SUPERVISED"
+LOST_PROCESS_STATUS = 75  # sysexits EX_TEMPFAIL: a temporary failure, run again
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# the first line of the coordination service's failure report (absl log lines of its files)
+REPORT_START = re.compile(r"^[EWF]\d{4} .*\b(coordination_service(_agent)?\.cc|client\.h|"
+                          r"preemption_sync_manager\.cc)")
+# a Python traceback is held as well (shown when the child ends: it may be a collective
+# failing because a peer went away, which the report then explains)
+TRACEBACK_START = ("Traceback (most recent call last):", "Exception in thread")
+FATAL = "JAX distributed service detected fatal errors"
+# a collective (gloo on CPU) that failed because its peer is gone
+PEER_GONE = re.compile(r"Gloo \w+ failed|Connection reset by peer|Connection closed by peer")
+UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n"
+                       r"((?:\s*\d+\s*\n)+)")
+COORDINATOR_GONE = ("Connection reset by peer", "Connection refused", "Socket closed",
+                    "failed to connect to all addresses")
+
+
+def supervised() -> bool:
+    """Whether this process is the supervised child (it trains)."""
+    return os.environ.get(SUPERVISED_ENV) == "1"
+
+
+def supervise(argv: Sequence[str], workdir: str, heartbeat_timeout_s: int,
+              process_id: int | None = None, *, program: Sequence[str] | None = None) -> int:
+    """Run ``python -m contrastive_jax.main ARGV`` (``program``: another command, for the
+    tests) as the supervised child and return the exit status (module docstring):
+    :data:`LOST_PROCESS_STATUS` after the coordination service's fatal report, else the
+    child's (``128 + n`` when signal ``n`` ended it)."""
+    env = {**os.environ, SUPERVISED_ENV: "1"}
+    program = list(program or [sys.executable, "-m", "contrastive_jax.main"])
+    child = subprocess.Popen([*program, *argv], env=env, stderr=subprocess.PIPE,
+                             preexec_fn=_child_setup)
+    previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s)) for sig in FORWARDED}
+    held: list[str] = []
+    try:
+        for raw in child.stderr:
+            line = raw.decode("utf-8", "replace")
+            if held or REPORT_START.match(line) or line.startswith(TRACEBACK_START):
+                held.append(line)
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report = "".join(held)
+    if FATAL in report or (status != 0 and PEER_GONE.search(report)):
+        print(lost_process_line(report, workdir, heartbeat_timeout_s, process_id),
+              file=sys.stderr, flush=True)
+        return LOST_PROCESS_STATUS
+    sys.stderr.write(report)
+    return 128 - status if status < 0 else status
+
+
+def lost_process_line(report: str, workdir: str, heartbeat_timeout_s: int,
+                      process_id: int | None = None) -> str:
+    """The one line for the coordination service's failure ``report``: who was lost (the
+    processes it names, the coordinator when the connection to it broke), the last checkpoint
+    in ``workdir`` and what to run."""
+    named = UNHEALTHY.search(report)
+    if named:
+        ids = sorted({int(x) for x in named.group(1).split()})
+        who = (f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))} stopped "
+               f"sending heartbeats for {heartbeat_timeout_s} s (launch.heartbeat_timeout_s)")
+    elif any(marker in report for marker in COORDINATOR_GONE):
+        who = "the connection to process 0, which coordinates the job, broke"
+    else:
+        who = "the coordination service reported a failed process"
+    me = f"process {process_id}" if process_id is not None else "this process"
+    step = last_checkpoint(workdir)
+    where = (f"the run resumes from its last checkpoint (step {step} in {workdir})"
+             if step is not None else f"no checkpoint is in {workdir} yet: the run starts over")
+    return (f"error: the job lost a process: {who}; {me} stopped too (a host died, was "
+            f"preempted or was killed). Start every process again with the same command: "
+            f"{where}.")
+
+
+def last_checkpoint(workdir: str) -> int | None:
+    """The highest finished checkpoint step in ``workdir/checkpoints`` (orbax renames a step's
+    folder to its number once it is complete; a folder still being written has a suffix), or
+    None; nothing is read from the checkpoints (the restore checks them)."""
+    try:
+        from etils import epath
+
+        names = [p.name for p in (epath.Path(workdir) / "checkpoints").iterdir()]
+    except Exception:  # no such folder, or storage not reachable now
+        return None
+    steps = [int(name) for name in names if name.isdigit()]
+    return max(steps) if steps else None
+
+
+def _forward(child: subprocess.Popen, sig: int) -> None:
+    if child.poll() is None:
+        child.send_signal(sig)
+
+
+def _child_setup() -> None:
+    """In the child before exec: its own process group (signals come through the parent
+    only), and killed when the parent dies (Linux)."""
+    os.setpgid(0, 0)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
