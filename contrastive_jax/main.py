@@ -166,11 +166,11 @@ def _train(positional: list[str]) -> int | None:
     launch = launch_settings(config.get("launch"))
     if launch.mode != "single" and not job_supervisor.supervised():
         check_workdir(_WORKDIR.value)
-        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch.heartbeat_timeout_s,
-                                        launch.process_id)
+        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch)
     check_workdir(_WORKDIR.value)
     enable_compilation_cache()
     join_job(launch)
+    job_supervisor.joined()
     check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 

@@ -275,13 +275,35 @@ def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp
     assert digests[0] == digests[1]
 
 
+def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
+    """Two processes of a job of 3 (one never started; a wrong address or an id used twice
+    look the same to the others): each exits 2 within launch.initialization_timeout_s (5 s)
+    + 25 s with one line saying what to check; no checkpoint is written."""
+    port = str(_free_port())
+    start = time.monotonic()
+    procs = [_cli_process(i, port, [
+        "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path / 'run'}",
+        "--config.launch.initialization_timeout_s=5"], {"CONTRASTIVE_JAX_NUM_PROCESSES": "3"})
+        for i in range(2)]
+    outs = _finish_all(procs)
+    assert time.monotonic() - start < 5 + 25
+    assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
+    for i, (_, err) in enumerate(outs):
+        assert err.splitlines() == [
+            f"error: process {i} could not join the job: the coordinator at 127.0.0.1:{port} "
+            "(process 0) did not see all 3 processes within launch.initialization_timeout_s "
+            "= 5 s. Start process 0 there and every other process with the same coordinator "
+            "address and process count, each id once."], err[-1500:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def _cli_process(i: int, port: str, args: list[str],
                  env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""
     env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
-               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i),
-               **(env_extra or {}))
+               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
+    env.update(env_extra or {})
     return subprocess.Popen([sys.executable, "-m", "contrastive_jax.main", *args], env=env,
                             cwd=pathlib.Path(__file__).resolve().parents[1],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

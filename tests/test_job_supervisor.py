@@ -15,6 +15,14 @@ import time
 import pytest
 
 from contrastive_jax.training.run import job_supervisor
+from contrastive_jax.training.run.distributed import Launch
+
+MARKER = job_supervisor.JOINED_MARKER
+
+
+def launch(process_id: int = 0) -> Launch:
+    return Launch(mode="explicit", coordinator_address="127.0.0.1:1234", num_processes=2,
+                  process_id=process_id, initialization_timeout_s=5, heartbeat_timeout_s=20)
 
 REPORT = textwrap.dedent("""\
     E1204 02:52:36.221592    8090 coordination_service.cc:1549] [756] Use error polling to propagate the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):
@@ -44,11 +52,12 @@ def test_the_fatal_report_becomes_one_line_and_status_75(workdir, capsys):
     program = child(f"""
         import os, sys
         sys.stderr.write("an ordinary line\\n")
+        sys.stderr.write({MARKER!r})
         sys.stderr.write({REPORT!r})
         sys.stderr.flush()
         os.abort()
     """)
-    assert job_supervisor.supervise([], workdir, 20, 0, program=program) == 75
+    assert job_supervisor.supervise([], workdir, launch(0), program=program) == 75
     err = capsys.readouterr().err
     assert err.splitlines() == [
         "an ordinary line",
@@ -83,7 +92,7 @@ def test_other_endings_keep_their_status_and_every_line(workdir, capsys, ending,
         sys.stderr.flush()
         {ending}
     """)
-    assert job_supervisor.supervise([], workdir, 20, program=program) == status
+    assert job_supervisor.supervise([], workdir, launch(), program=program) == status
     assert capsys.readouterr().err.splitlines() == [
         "W1204 1 2 coordination_service_agent.cc:1] a warning",
         "error: something the user can fix"]
@@ -105,7 +114,7 @@ def test_a_signal_to_the_supervisor_reaches_the_child_once(workdir, capfd):
     sender = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     sender.start()
     try:
-        assert job_supervisor.supervise([], workdir, 20, program=program) == 0
+        assert job_supervisor.supervise([], workdir, launch(), program=program) == 0
     finally:
         sender.cancel()
     assert "child got 1 SIGTERM" in capfd.readouterr().out
@@ -120,7 +129,8 @@ def test_the_child_dies_with_its_supervisor(tmp_path):
                   "time.sleep(60)")
     supervisor = subprocess.Popen([sys.executable, "-c", (
         "import sys; from contrastive_jax.training.run import job_supervisor; "
-        f"sys.exit(job_supervisor.supervise([], {str(tmp_path)!r}, 20, "
+        "from contrastive_jax.training.run.distributed import Launch; "
+        f"sys.exit(job_supervisor.supervise([], {str(tmp_path)!r}, Launch(), "
         f"program=[sys.executable, '-c', {grandchild!r}]))")])
     try:
         deadline = time.monotonic() + 30
@@ -162,10 +172,10 @@ def test_a_traceback_is_held_and_shown_unless_a_collective_lost_its_peer(workdir
     traceback = f'Traceback (most recent call last):\n  File "x.py", line 1, in f\n{exception}\n'
     program = child(f"""
         import sys
-        sys.stderr.write({traceback!r})
+        sys.stderr.write({MARKER!r} + {traceback!r})
         sys.exit(1)
     """)
-    assert job_supervisor.supervise([], workdir, 20, 1, program=program) == status
+    assert job_supervisor.supervise([], workdir, launch(1), program=program) == status
     err = capsys.readouterr().err
     if status == 75:
         assert err.splitlines() == [
@@ -175,3 +185,21 @@ def test_a_traceback_is_held_and_shown_unless_a_collective_lost_its_peer(workdir
             f"its last checkpoint (step 40 in {workdir})."]
     else:
         assert err == traceback
+
+
+def test_a_fatal_report_before_the_job_met_is_a_start_up_error(workdir, capsys):
+    """The service's abort while joining (no coordinator there, a process missing, an id
+    twice): exit 2 and one line saying what to check, not 'lost a process'."""
+    program = child("""
+        import os, sys
+        sys.stderr.write("F1204 03:08:55.9 20434 client.h:80] Terminating process because "
+                         "the JAX distributed service detected fatal errors.\\n"
+                         "RPC: /xla.coordination.CoordinationService/RegisterTask\\n")
+        os.abort()
+    """)
+    assert job_supervisor.supervise([], workdir, launch(1), program=program) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: process 1 could not join the job: the coordinator at 127.0.0.1:1234 (process "
+        "0) did not see all 2 processes within launch.initialization_timeout_s = 5 s. Start "
+        "process 0 there and every other process with the same coordinator address and "
+        "process count, each id once."]

@@ -34,7 +34,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from contrastive_jax.training.run.distributed import Launch
+
 SUPERVISED_ENV = "CONTRASTIVE_JAX_SUPERVISED"
+JOINED_MARKER = "contrastive_jax.job_supervisor: joined the job\n"  # consumed, never shown
 LOST_PROCESS_STATUS = 75  # sysexits EX_TEMPFAIL: a temporary failure, run again
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # the first line of the coordination service's failure report (absl log lines of its files)
@@ -57,21 +60,35 @@ def supervised() -> bool:
     return os.environ.get(SUPERVISED_ENV) == "1"
 
 
-def supervise(argv: Sequence[str], workdir: str, heartbeat_timeout_s: int,
-              process_id: int | None = None, *, program: Sequence[str] | None = None) -> int:
+def joined() -> None:
+    """Tell the supervisor that this process joined the job (a marker line it consumes; a
+    no-op when not supervised): a failure report after it is a lost process, before it a
+    start-up that never met the others."""
+    if supervised():
+        sys.stderr.write(JOINED_MARKER)
+        sys.stderr.flush()
+
+
+def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
+              program: Sequence[str] | None = None) -> int:
     """Run ``python -m contrastive_jax.main ARGV`` (``program``: another command, for the
-    tests) as the supervised child and return the exit status (module docstring):
-    :data:`LOST_PROCESS_STATUS` after the coordination service's fatal report, else the
-    child's (``128 + n`` when signal ``n`` ended it)."""
+    tests) as the supervised child of the process of ``launch`` and return the exit status
+    (module docstring): :data:`LOST_PROCESS_STATUS` after the coordination service's fatal
+    report (2 when it came before the child joined the job: the processes never met), else
+    the child's (``128 + n`` when signal ``n`` ended it)."""
     env = {**os.environ, SUPERVISED_ENV: "1"}
     program = list(program or [sys.executable, "-m", "contrastive_jax.main"])
     child = subprocess.Popen([*program, *argv], env=env, stderr=subprocess.PIPE,
                              preexec_fn=_child_setup)
     previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s)) for sig in FORWARDED}
     held: list[str] = []
+    met = False
     try:
         for raw in child.stderr:
             line = raw.decode("utf-8", "replace")
+            if line == JOINED_MARKER:
+                met = True
+                continue
             if held or REPORT_START.match(line) or line.startswith(TRACEBACK_START):
                 held.append(line)
                 continue
@@ -82,12 +99,29 @@ def supervise(argv: Sequence[str], workdir: str, heartbeat_timeout_s: int,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report = "".join(held)
+    if not met and FATAL in report:
+        print(never_met_line(report, launch), file=sys.stderr, flush=True)
+        return 2
     if FATAL in report or (status != 0 and PEER_GONE.search(report)):
-        print(lost_process_line(report, workdir, heartbeat_timeout_s, process_id),
+        print(lost_process_line(report, workdir, launch.heartbeat_timeout_s, launch.process_id),
               file=sys.stderr, flush=True)
         return LOST_PROCESS_STATUS
     sys.stderr.write(report)
     return 128 - status if status < 0 else status
+
+
+def never_met_line(report: str, launch: Launch) -> str:
+    """The one line for a start-up whose processes never met (the service's report came
+    before this process joined)."""
+    me = f"process {launch.process_id}" if launch.process_id is not None else "this process"
+    where = f" at {launch.coordinator_address}" if launch.coordinator_address else ""
+    count = f"{launch.num_processes} processes" if launch.num_processes else "every process"
+    cause = "another process registered with the same process id; " \
+        if "already registered" in report.lower() or "duplicate" in report.lower() else ""
+    return (f"error: {me} could not join the job: {cause}the coordinator{where} (process 0) "
+            f"did not see all {count} within launch.initialization_timeout_s = "
+            f"{launch.initialization_timeout_s} s. Start process 0 there and every other "
+            "process with the same coordinator address and process count, each id once.")
 
 
 def lost_process_line(report: str, workdir: str, heartbeat_timeout_s: int,
