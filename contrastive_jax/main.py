@@ -65,6 +65,10 @@ _ACCEPT_CHANGE = flags.DEFINE_bool(
     "accept_config_change", False,
     "Resume a workdir whose checkpoints were written with another config (workdir/config.json), "
     "continuing with this one; without it such a resume stops and lists the differences.")
+_RESPLIT_DATA = flags.DEFINE_bool(
+    "resplit_data", False,
+    "Resume a checkpoint written by another number of processes: every process starts at the "
+    "batch the saved run would have read next (the same examples, in another row order).")
 
 
 def check_workdir(workdir: str) -> None:
@@ -174,7 +178,8 @@ def _train(positional: list[str]) -> int | None:
     check_same_config(config)
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
-    train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value)
+    train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value,
+                       resplit_data=_RESPLIT_DATA.value)
 
 
 def _drop_closed_loop_callbacks(unraisable) -> None:
@@ -190,7 +195,8 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
 PROGRAM = "python -m contrastive_jax.main"
 _ARGV: list[str] = []  # the command's arguments, as given
 COMMAND = command_line.Command(
-    program=PROGRAM, doc=__doc__, flag_names=("config", "workdir", "accept_config_change"),
+    program=PROGRAM, doc=__doc__,
+    flag_names=("config", "workdir", "accept_config_change", "resplit_data"),
     required=("config", "workdir"), parse=parse_trainer_flags, configs=True)
 
 

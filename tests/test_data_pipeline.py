@@ -87,6 +87,23 @@ def test_restored_state_continues_the_exact_stream(mnist1d_test):
     assert all(np.array_equal(x, y) for x, y in zip(expected, got, strict=True))
 
 
+def test_a_state_saved_by_two_processes_continues_one_process_at_the_same_batch(mnist1d_test):
+    """What ``--resplit_data`` relies on (run/checkpoints.py): every process's saved state is
+    the batch index, so one process set to it reads the global batch the two would have."""
+    hosts = [iter(train_dataset(mnist1d_test, global_batch_size=40, seed=3,
+                                shard=HostShard(p, 2))) for p in range(2)]
+    for it in hosts:
+        for _ in range(30):  # past the first epoch boundary (1000 / 40)
+            next(it)
+    states = [it.get_state() for it in hosts]
+    assert states[0] == states[1] == {"next_index": 30}
+    both = np.concatenate([np.asarray(next(it)["index"]) for it in hosts])
+    single = iter(train_dataset(mnist1d_test, global_batch_size=40, seed=3,
+                                shard=HostShard(0, 1)))
+    single.set_state(states[1])
+    np.testing.assert_array_equal(np.sort(np.asarray(next(single)["index"])), np.sort(both))
+
+
 def config_for(**overrides):
     config = default_data_config()
     config.update(overrides)

@@ -232,7 +232,8 @@ def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp
     service): the other exits 75 within the heartbeat timeout (5 s) + 20 s with one line on
     stderr naming what was lost and the checkpoint to resume from (no C++ abort, no
     traceback). For process 1, rerunning both resumes and ends with the parameters of an
-    uninterrupted run, bit for bit."""
+    uninterrupted run, bit for bit; that workdir then resumed by one process is refused
+    unless --resplit_data (:func:`_another_process_count_on_resume`)."""
     port = str(_free_port())
     workdir = tmp_path / "run"
     procs = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={workdir}"]) for i in range(2)]
@@ -273,31 +274,32 @@ def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp
     digests = [json.loads((d / "results.json").read_text())["params_sha256"]
                for d in (workdir, tmp_path / "plain")]
     assert digests[0] == digests[1]
+    _another_process_count_on_resume(workdir)
 
 
-def test_a_host_with_other_package_versions_is_named_at_start(tmp_path):
-    """Process 1 sees another optax (a dist-info folder first on its path, as a host with
-    another install would): both exit 2 at start naming software.optax and process 0's
-    version, and what to make equal; nothing is written."""
-    fake = tmp_path / "site"
-    (fake / "optax-9.9.9.dist-info").mkdir(parents=True)
-    (fake / "optax-9.9.9.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: optax\nVersion: 9.9.9\n")
-    port = str(_free_port())
-    procs = [_cli_process(i, port, [
-        "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path / 'run'}",
-        "--config.total_steps=4", "--config.evaluation.enabled=False"],
-        {"PYTHONPATH": str(fake)} if i == 1 else None) for i in range(2)]
-    outs = _finish_all(procs)
-    assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
-    from contrastive_jax.training.run.provenance import _version
-
-    for _, err in outs:
-        assert "Traceback" not in err and err.count("\n") == 1, err[-1500:]
-        assert "settings that differ from process 0's: process 1: software.optax" in err
-        assert "the same checkout of contrastive_jax and the same package versions" in err
-    assert f"(process 0 has {{'software.optax': '{_version('optax')}'}})" in outs[0][1]
-    assert not (tmp_path / "run" / "checkpoints").exists()
+def _another_process_count_on_resume(workdir: pathlib.Path) -> None:
+    """The 2-process x 1-device run's workdir resumed by 1 process x 2 devices (the same
+    global batch and devices): exit 2 naming both counts and --resplit_data, nothing moved
+    aside; with --resplit_data it resumes at that step and finishes."""
+    env = child_environment()
+    env["JAX_PLATFORMS"] = "cpu"
+    single = [sys.executable, "-m", "contrastive_jax.main", *LOST_HOST_ARGS,
+              f"--workdir={workdir}", "--config.total_steps=44", "--accept_config_change",
+              "--jax_num_cpu_devices=2"]
+    root = pathlib.Path(__file__).resolve().parents[1]
+    refused = subprocess.run(single, env=env, capture_output=True, text=True, timeout=300,
+                             cwd=root)
+    assert refused.returncode == 2, refused.stderr[-1500:]
+    assert refused.stderr.splitlines()[-1].startswith(
+        f"error: checkpoint 40 in {workdir / 'checkpoints'} was written by a run of 2 "
+        "processes and this run has 1: each process saved its own place in the data. Resume "
+        "with 2 processes, or add --resplit_data")
+    assert not (workdir / "checkpoints_set_aside").exists()
+    resumed = subprocess.run([*single, "--resplit_data"], env=env, capture_output=True,
+                             text=True, timeout=300, cwd=root)
+    assert resumed.returncode == 0, resumed.stderr[-1500:]
+    assert "resumed from step 40: 44 steps of 64 on 2 devices (1 processes)" in resumed.stdout
+    assert json.loads((workdir / "results.json").read_text())["steps"] == 44
 
 
 def test_the_identity_digests_follow_the_code_and_the_prepared_data(tmp_path):
@@ -368,18 +370,31 @@ def _finish_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
 
 def test_processes_with_different_configs_stop_at_start_naming_the_difference(tmp_path):
     """Two processes, batch 64 and 32 (it used to end in SIGABRT after 24-81 s with gloo
-    messages): both exit 2 at start-up, naming data.batch_size and process 0's value."""
+    messages), process 1 also seeing another optax (a dist-info folder first on its path, as
+    a host with another install would): both exit 2 at start-up, naming data.batch_size and
+    software.optax with process 0's values and what to make equal."""
+    fake = tmp_path / "site"
+    (fake / "optax-9.9.9.dist-info").mkdir(parents=True)
+    (fake / "optax-9.9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: optax\nVersion: 9.9.9\n")
     port = str(_free_port())
     procs = [_cli_process(i, port, [
         "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path / 'run'}",
         "--config.total_steps=4", f"--config.data.batch_size={batch}",
         # a per-host data dir may differ; it is not a different run
         f"--config.data.data_dir={tmp_path / ('data' + str(i))}",
-        "--config.evaluation.enabled=False"]) for i, batch in ((0, 64), (1, 32))]
+        "--config.evaluation.enabled=False"], {"PYTHONPATH": str(fake)} if i else None)
+        for i, batch in ((0, 64), (1, 32))]
     outs = _finish_all(procs)
     assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
+    from contrastive_jax.training.run.provenance import _version
+
     for _, err in outs:
-        assert "Traceback" not in err
-        assert "do not run the same config" in err and "process 1: data.batch_size" in err
-    assert "(process 0 has {'data.batch_size': 64})" in outs[0][1]
+        assert "Traceback" not in err and err.count("\n") == 1, err[-1500:]
+        assert "do not run the same config" in err
+        assert "process 1: data.batch_size, software.optax" in err
+        assert ("with the same command, config file and overrides and the same checkout of "
+                "contrastive_jax and the same package versions.") in err
+    assert (f"(process 0 has {{'data.batch_size': 64, 'software.optax': "
+            f"'{_version('optax')}'}})") in outs[0][1]
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any work

@@ -160,14 +160,17 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       accept_config_change: bool = False) -> dict[str, Any]:
+                       accept_config_change: bool = False,
+                       resplit_data: bool = False) -> dict[str, Any]:
     """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results.
 
     The workdir is locked for the run
     (:mod:`~contrastive_jax.training.run.workdir.workdir_lock`) and its ``config.json`` records
     ``config``; resuming with a different config raises a :class:`ConfigError` listing the
     differences unless ``accept_config_change``
-    (:mod:`~contrastive_jax.training.run.workdir.config_record`).
+    (:mod:`~contrastive_jax.training.run.workdir.config_record`). ``resplit_data``: resume a
+    checkpoint written by another number of processes
+    (:func:`~contrastive_jax.training.run.checkpoints.restore_latest`).
     """
     method = method_for(config)  # bad method or loss settings fail before any work
     config, lines = pretrained_pixels.pretrained_preprocess(  # a converted CLIP's mean / std
@@ -177,7 +180,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     workdir_path(workdir).mkdir(parents=True, exist_ok=True)
     with workdir_lock(workdir):
         try:
-            return _locked(config, workdir, accept_config_change, method)
+            return _locked(config, workdir, accept_config_change, method, resplit_data)
         except Exception as err:  # damaged record files show only when read
             damaged = damaged_data_error(err, config.data.name, config.data.data_dir or None)
             if damaged is None:
@@ -186,7 +189,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_change: bool,
-            method: Method) -> dict[str, Any]:
+            method: Method, resplit_data: bool = False) -> dict[str, Any]:
     """:func:`train_and_evaluate` once it holds the workdir's lock."""
     run, state = prepare_run(config, workdir, method)
     manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
@@ -194,7 +197,8 @@ def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_chang
     try:
         changed = check_config(config, workdir, resuming_from=manager.latest_step(),
                                accept_change=accept_config_change)
-        return _train(run, state, manager, config_changed=bool(changed))
+        return _train(run, state, manager, config_changed=bool(changed),
+                      resplit_data=resplit_data)
     except NonFiniteError as err:  # its checkpoints may hold the parameters that diverged
         first = err.step - err.in_a_row
         try:
@@ -214,11 +218,11 @@ def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_chang
         raise
 
 
-def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
-           ) -> dict[str, Any]:
+def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False,
+           resplit_data: bool = False) -> dict[str, Any]:
     """The body of :func:`train_and_evaluate` once the checkpoint manager exists: resume or
     start, record the config, run the loop, then the stop or the final results."""
-    state, resumed, loaded = _resume_or_start(run, state, ckpt)
+    state, resumed, loaded = _resume_or_start(run, state, ckpt, resplit_data)
     write_config(run.config, run.workdir, changed_at=resumed if config_changed else None)
     first = int(state.step)
     previous = _previous_results(run.workdir)
@@ -241,11 +245,12 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False
     return _results(run, ckpt, progress, end, resumed, history + end.evaluations)
 
 
-def _resume_or_start(run: Run, state: TrainState, ckpt
+def _resume_or_start(run: Run, state: TrainState, ckpt, resplit_data: bool = False
                      ) -> tuple[TrainState, int | None, list[str]]:
     """``(state, resumed step or None, lines to print)``: the latest checkpoint restored, else a
     fresh state initialised from ``model.init_from`` (a resumed run starts from its own)."""
-    state, resumed = checkpoints.restore_latest(ckpt, state, run.stream)
+    state, resumed = checkpoints.restore_latest(ckpt, state, run.stream,
+                                                resplit_data=resplit_data)
     if resumed is not None:
         return state, resumed, []
     fresh, loaded = init_from.initialized_state(state, run.graphdef, run.config, run.method)
