@@ -4,6 +4,8 @@ uninterrupted run.
     python experiments/chaos.py [--config configs/simclr_mnist1d.py] [--steps 200]
         [--kills 5] [--checkpoint-every 20] [--seed 0] [--faults kill damaged non_finite
         concurrent flipped all_skipped signal_in_evaluation file_size_limit] [--quick]
+    python experiments/chaos.py --processes 2 [--faults host_lost coordinator_lost
+        one_signalled disagreeing] [--quick]
 
 Runs the job once without interruption (``--steps`` steps, evaluation off), then once per
 fault in a fresh workdir, and checks the final parameter hash (``params_sha256`` in
@@ -41,8 +43,21 @@ results.json: parameters and BatchNorm statistics) against the uninterrupted run
   paragraph on stderr (no traceback); the same command without the limit resumes from the
   last complete checkpoint and finishes.
 
-Writes ``experiments/results/chaos.md`` (no ``.csv`` or plot: one row per fault). Exits 1 if
-any hash differs or a fault was not handled as described.
+``--processes 2`` runs the job as 2 processes over loopback (1 CPU device each, the launch
+variables, heartbeat 10 s) and injects the multi-host faults instead
+(docs/reliability.md, "Multi-host faults"):
+
+- ``host_lost`` / ``coordinator_lost``: SIGKILL of process 1 / of process 0 (which hosts
+  JAX's coordination service) at a random step: the other must exit 75 with one line (no
+  traceback), then both rerun from the last checkpoint to the end;
+- ``one_signalled``: SIGTERM to process 1 only: both stop after the same step and exit 0; the
+  rerun resumes there;
+- ``disagreeing``: process 1 started with another batch size: both exit 2 at start naming
+  it, nothing written; then the right command runs to the end.
+
+Writes ``experiments/results/chaos.md`` (``chaos_2_processes.md`` with ``--processes 2``; no
+``.csv`` or plot: one row per fault). Exits 1 if any hash differs or a fault was not handled as
+described.
 """
 
 from __future__ import annotations
@@ -304,10 +319,106 @@ def fault_file_size_limit(cmd, workdir, steps, rng, env, *, every: int, largest:
             "ok": ok}
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _job(cmd, env, extra: tuple[list[str], list[str]] = ([], [])) -> list[subprocess.Popen]:
+    """``cmd`` as a 2-process job over loopback (1 CPU device each); ``extra``: arguments
+    added to process 0's and process 1's command."""
+    port = _free_port()
+    return [_start([*cmd, *extra[i]], {**env, "CONTRASTIVE_JAX_COORDINATOR": f"127.0.0.1:{port}",
+                                        "CONTRASTIVE_JAX_NUM_PROCESSES": "2",
+                                        "CONTRASTIVE_JAX_PROCESS_ID": str(i),
+                                        "JAX_PLATFORMS": "cpu"})
+            for i in range(2)]
+
+
+def _finish_job(procs) -> list[tuple[int, str, str]]:
+    return [_finish(p) for p in procs]
+
+
+def _lost(cmd, workdir, steps, rng, env, victim: int) -> dict:
+    """SIGKILL of process ``victim`` at a random step; the other must exit 75 with one line;
+    then both rerun to the end."""
+    target = rng.randint(steps // 4, steps // 2)
+    procs = _job(cmd, env)
+    while all(p.poll() is None for p in procs) and logged_step(workdir) < target:
+        time.sleep(0.005)
+    killed_at = logged_step(workdir)
+    procs[victim].send_signal(signal.SIGKILL)
+    start = time.monotonic()
+    code, _, err = _finish(procs[1 - victim])
+    waited = time.monotonic() - start
+    procs[victim].wait()
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    saved = _saved(workdir)
+    rerun = _finish_job(_job(cmd, env))
+    resumed = _resumed_from(rerun[0][1])
+    ok = (code == 75 and len(errors) == 1 and "the job lost a process" in errors[0]
+          and "Traceback" not in err and all(c == 0 for c, _, _ in rerun)
+          and resumed == str(max(saved, default=0) if saved else "-"))
+    return {"what": f"SIGKILL of process {victim} of 2 at step {killed_at}",
+            "seen": f"process {1 - victim}: exit {code} after {waited:.1f} s, "
+                    f"{'one line' if len(errors) == 1 else f'{len(errors)} error lines'}; "
+                    f"both rerun: exit {[c for c, _, _ in rerun]}, resumed from step {resumed}",
+            "ok": ok}
+
+
+def fault_host_lost(cmd, workdir, steps, rng, env, **_) -> dict:
+    return _lost(cmd, workdir, steps, rng, env, victim=1)
+
+
+def fault_coordinator_lost(cmd, workdir, steps, rng, env, **_) -> dict:
+    return _lost(cmd, workdir, steps, rng, env, victim=0)
+
+
+def fault_one_signalled(cmd, workdir, steps, rng, env, **_) -> dict:
+    """SIGTERM to process 1 only: both stop after the same step and exit 0; then rerun."""
+    target = rng.randint(steps // 4, steps // 2)
+    procs = _job(cmd, env)
+    while all(p.poll() is None for p in procs) and logged_step(workdir) < target:
+        time.sleep(0.005)
+    procs[1].send_signal(signal.SIGTERM)
+    ends = _finish_job(procs)
+    stopped = ends[0][1].split("after step ")[1].split(":")[0] if "after step " in ends[0][1] \
+        else "?"
+    rerun = _finish_job(_job(cmd, env))
+    ok = ([c for c, _, _ in ends] == [0, 0] and "stopped by" in ends[0][1]
+          and _resumed_from(rerun[0][1]) == stopped and all(c == 0 for c, _, _ in rerun))
+    return {"what": f"SIGTERM to process 1 of 2 at step {target}",
+            "seen": f"both exit {[c for c, _, _ in ends]}, stopped after step {stopped}; the "
+                    f"rerun resumed from step {_resumed_from(rerun[0][1])}",
+            "ok": ok}
+
+
+def fault_disagreeing(cmd, workdir, steps, rng, env, **_) -> dict:
+    """Process 1 started with another batch size: both exit 2 at start with one line naming
+    it, nothing written; then the right command finishes."""
+    ends = _finish_job(_job(cmd, env, ([], ["--config.data.batch_size=32"])))
+    named = all("process 1: data.batch_size" in err for _, _, err in ends)
+    written = (workdir / "checkpoints").exists()
+    rerun = _finish_job(_job(cmd, env))
+    ok = ([c for c, _, _ in ends] == [2, 2] and named and not written
+          and all(c == 0 for c, _, _ in rerun))
+    return {"what": "process 1 of 2 started with data.batch_size=32",
+            "seen": f"both exit {[c for c, _, _ in ends]} naming data.batch_size, "
+                    f"{'a checkpoint' if written else 'nothing'} written; the right command: "
+                    f"exit {[c for c, _, _ in rerun]}",
+            "ok": ok}
+
+
+MULTI_PROCESS_FAULTS = {"host_lost": fault_host_lost,
+                        "coordinator_lost": fault_coordinator_lost,
+                        "one_signalled": fault_one_signalled, "disagreeing": fault_disagreeing}
 FAULTS = {"kill": fault_kill, "damaged": fault_damaged, "non_finite": fault_non_finite,
           "concurrent": fault_concurrent, "flipped": fault_flipped,
           "all_skipped": fault_all_skipped, "signal_in_evaluation": fault_signal_in_evaluation,
-          "file_size_limit": fault_file_size_limit}
+          "file_size_limit": fault_file_size_limit, **MULTI_PROCESS_FAULTS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,29 +428,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
+    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=None)
+    parser.add_argument("--processes", type=int, choices=(1, 2), default=1,
+                        help="2: the job as 2 processes over loopback, the multi-host faults")
     parser.add_argument("--quick", action="store_true", help="tiny model, 60 steps, 2 kills")
-    parser.add_argument("--out", default=str(RESULTS / "chaos.md"))
+    parser.add_argument("--out", default=None, help="default: experiments/results/chaos.md "
+                        "(chaos_2_processes.md with --processes 2)")
     args = parser.parse_args(argv)
+    args.out = args.out or str(RESULTS / ("chaos_2_processes.md" if args.processes == 2
+                                          else "chaos.md"))
     config = args.config + (":quick" if args.quick else "")
     steps, kills, every = (60, 2, 4) if args.quick else (args.steps, args.kills,
                                                          args.checkpoint_every)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    faults = args.faults or [f for f in FAULTS
+                             if (f in MULTI_PROCESS_FAULTS) == (args.processes == 2)]
+    heartbeat = ["--config.launch.heartbeat_timeout_s=10"] if args.processes == 2 else []
     rng = random.Random(args.seed)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        whole = subprocess.run(command(config, tmp / "whole", steps, every), env=env,
-                               cwd=ROOT, capture_output=True, text=True, timeout=1800)
-        if whole.returncode != 0:
-            raise RuntimeError(whole.stderr[-3000:])
+        whole_cmd = [*command(config, tmp / "whole", steps, every), *heartbeat]
+        if args.processes == 2:
+            ends = _finish_job(_job(whole_cmd, env))
+            if any(code != 0 for code, _, _ in ends):
+                raise RuntimeError(ends[0][2][-3000:] + ends[1][2][-3000:])
+        else:
+            whole = subprocess.run(whole_cmd, env=env, cwd=ROOT, capture_output=True,
+                                   text=True, timeout=1800)
+            if whole.returncode != 0:
+                raise RuntimeError(whole.stderr[-3000:])
         whole_results = json.loads((tmp / "whole" / "results.json").read_text())
         want = whole_results["params_sha256"]
         largest = max(p.stat().st_size for p in (tmp / "whole").rglob("*") if p.is_file())
-        for name in args.faults:
+        for name in faults:
             workdir = tmp / name
-            row = FAULTS[name](command(config, workdir, steps, every), workdir, steps, rng,
-                               env, kills=kills, every=every, largest=largest)
+            row = FAULTS[name]([*command(config, workdir, steps, every), *heartbeat], workdir,
+                               steps, rng, env, kills=kills, every=every, largest=largest)
             got = json.loads((workdir / "results.json").read_text())["params_sha256"]
             row.update(fault=name, same=got == want, hash=got[:16] + "...")
             rows.append(row)
@@ -352,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
           "yes" if r["same"] else "NO", r["hash"]] for r in rows])
     produced = (f"{reporting.command(__file__, argv)}: `{config}`, {steps} steps, checkpoint every "
                 f"{every}, seed {args.seed}; uninterrupted hash {want[:16]}...")
-    text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}\n\n"
+    processes = f", {args.processes} processes" if args.processes > 1 else ""
+    text = (f"# Chaos: {config}, {steps} steps, checkpoint every {every}{processes}\n\n"
             f"{reporting.provenance_line(whole_results['provenance'])}\n\n"  # the runs'
             f"{produced}\n\n{table}\n")
     out = pathlib.Path(args.out)
