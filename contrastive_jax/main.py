@@ -48,9 +48,9 @@ from contrastive_jax.errors import (
     storage_cause,
     storage_message,
 )
-from contrastive_jax.training.run import job_supervisor
 from contrastive_jax.training.run.compilation_cache import enable_compilation_cache
-from contrastive_jax.training.run.distributed import (
+from contrastive_jax.training.run.launch import job_supervisor
+from contrastive_jax.training.run.launch.distributed import (
     check_same_config,
     join_job,
     launch_settings,
@@ -158,10 +158,28 @@ def load_config():
     return config
 
 
+def run_identity(config) -> dict[str, str]:
+    """What every process of a job must share beside its config
+    (:func:`~contrastive_jax.training.run.launch.distributed.check_same_config`): this
+    package's source (a digest of its ``.py`` files, with the commit), the versions of
+    :data:`~contrastive_jax.training.run.provenance.SOFTWARE`, and the prepared training
+    dataset (:func:`~contrastive_jax.training.data.sources.prepared_digest`)."""
+    from contrastive_jax.training.data.sources import prepared_digest
+    from contrastive_jax.training.run import provenance
+
+    commit, dirty = provenance.git_state()
+    source = f"{provenance.source_digest()} ({commit[:12]}{' + local changes' if dirty else ''})"
+    data = config.get("data") or {}
+    name = data.get("name", "")
+    return {"software.contrastive_jax source": source,
+            **{f"software.{p}": provenance.version(p) for p in provenance.SOFTWARE},
+            f"data.{name or 'dataset'} (prepared)": prepared_digest(name, data.get("data_dir"))}
+
+
 def _train(positional: list[str]) -> int | None:
     """Train and evaluate the ``--config`` in ``--workdir`` (after flag parsing; the command
     takes no positional arguments: :data:`COMMAND`). A process of a multi-process launch
-    trains in a supervised child (:mod:`~contrastive_jax.training.run.job_supervisor`) and
+    trains in a supervised child (:mod:`~contrastive_jax.training.run.launch.job_supervisor`) and
     returns its status."""
     del positional  # always empty
     if not flags.FLAGS["verbosity"].present:  # orbax and tfds log every file at INFO
@@ -175,7 +193,7 @@ def _train(positional: list[str]) -> int | None:
     enable_compilation_cache()
     join_job(launch)
     job_supervisor.joined()
-    check_same_config(config)
+    check_same_config(config, run_identity(config))
     from contrastive_jax.training.train import train_and_evaluate  # after the distributed start-up
 
     train_and_evaluate(config, _WORKDIR.value, accept_config_change=_ACCEPT_CHANGE.value,

@@ -15,7 +15,7 @@ import sys
 import jax
 
 from contrastive_jax.mesh import global_batch
-from contrastive_jax.training.run.distributed import Launch, join_job
+from contrastive_jax.training.run.launch.distributed import Launch, join_job
 
 ROWS, DIM = 16, 6
 DATA_BATCH, DATA_SEED, DATA_STEPS = 8, 3, 3

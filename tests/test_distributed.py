@@ -19,7 +19,7 @@ from contrastive_jax.losses import clip_loss, nt_xent
 from contrastive_jax.losses.sharded import sharded_clip_loss, sharded_nt_xent
 from contrastive_jax.mesh import global_batch, make_mesh
 from contrastive_jax.training.data import HostShard, open_split, train_dataset
-from contrastive_jax.training.run.distributed import Launch, join_job, launch_settings
+from contrastive_jax.training.run.launch.distributed import Launch, join_job, launch_settings
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -313,7 +313,8 @@ def _another_process_count_on_resume(workdir: pathlib.Path, args: list[str]) -> 
 
 
 def test_the_identity_digests_follow_the_code_and_the_prepared_data(tmp_path):
-    from contrastive_jax.training.run.distributed import dataset_digest, source_digest
+    from contrastive_jax.training.data.sources import prepared_digest as dataset_digest
+    from contrastive_jax.training.run.provenance import source_digest
 
     code = tmp_path / "code"
     (code / "sub").mkdir(parents=True)
@@ -397,7 +398,7 @@ def test_processes_with_different_configs_stop_at_start_naming_the_difference(tm
         for i, batch in ((0, 64), (1, 32))]
     outs = _finish_all(procs)
     assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
-    from contrastive_jax.training.run.provenance import _version
+    from contrastive_jax.training.run.provenance import version
 
     for _, err in outs:
         assert "Traceback" not in err and err.count("\n") == 1, err[-1500:]
@@ -406,5 +407,5 @@ def test_processes_with_different_configs_stop_at_start_naming_the_difference(tm
         assert ("with the same command, config file and overrides and the same checkout of "
                 "contrastive_jax and the same package versions.") in err
     assert (f"(process 0 has {{'data.batch_size': 64, 'software.optax': "
-            f"'{_version('optax')}'}})") in outs[0][1]
+            f"'{version('optax')}'}})") in outs[0][1]
     assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before any work

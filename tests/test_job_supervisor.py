@@ -1,4 +1,4 @@
-"""contrastive_jax.training.run.job_supervisor: a multi-process run's child watched. The
+"""contrastive_jax.training.run.launch.job_supervisor: a multi-process run's child watched. The
 coordination service's fatal report (the C++ abort when a peer dies) becomes one line and exit
 75; every other ending keeps its status and its lines; signals reach the child once; the child
 dies with its supervisor. Children here are small Python scripts (no JAX); the real 2-process
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from contrastive_jax.training.run import job_supervisor
-from contrastive_jax.training.run.distributed import Launch
+from contrastive_jax.training.run.launch import job_supervisor
+from contrastive_jax.training.run.launch.distributed import Launch
 
 MARKER = job_supervisor.JOINED_MARKER
 
@@ -128,8 +128,8 @@ def test_the_child_dies_with_its_supervisor(tmp_path):
     grandchild = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                   "time.sleep(60)")
     supervisor = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from contrastive_jax.training.run import job_supervisor; "
-        "from contrastive_jax.training.run.distributed import Launch; "
+        "import sys; from contrastive_jax.training.run.launch import job_supervisor; "
+        "from contrastive_jax.training.run.launch.distributed import Launch; "
         f"sys.exit(job_supervisor.supervise([], {str(tmp_path)!r}, Launch(), "
         f"program=[sys.executable, '-c', {grandchild!r}]))")])
     try:

@@ -58,8 +58,8 @@ def base_config() -> ml_collections.ConfigDict:
     :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
 :mod:`contrastive_jax.training.step.state_sharding`), ``launch`` (multi-process settings,
-    :func:`contrastive_jax.training.run.distributed.launch_settings`; empty: from the environment,
-    else a single process), ``profile`` (a ``jax.profiler`` trace of chosen steps in
+    :func:`contrastive_jax.training.run.launch.distributed.launch_settings`; empty: from the
+    environment, else a single process), ``profile`` (a ``jax.profiler`` trace of chosen steps in
     ``workdir/profile``, :mod:`contrastive_jax.training.run.profiling`; off by default),
     ``transfer_guard`` (the loop between its sync points, :func:`contrastive_jax.training.
     train.train_and_evaluate`), ``log_model_flops`` (TFLOP/s and MFU on the progress line,

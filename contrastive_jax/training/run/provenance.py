@@ -57,6 +57,28 @@ def git_state(package_dir: str | pathlib.Path = _PACKAGE_DIR) -> tuple[str, bool
     return commit, None if changed is None else bool(changed)
 
 
+SOFTWARE = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "grain")
+"""The packages whose versions every process of a job must share (besides this one's source)."""
+
+
+def source_digest(package_dir: str | pathlib.Path = _PACKAGE_DIR) -> str:
+    """SHA-256 (hex, first 16) of every ``.py`` file under ``package_dir`` (default: this
+    package; relative path and bytes, sorted): the code a process runs, committed or not."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    root = pathlib.Path(package_dir)
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def version(package: str) -> str:
+    """The installed version of ``package``, ``"not installed"`` when it is not."""
+    return _version(package)
+
+
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from contrastive_jax.training.run.distributed import Launch
+from contrastive_jax.training.run.launch.distributed import Launch
 
 SUPERVISED_ENV = "CONTRASTIVE_JAX_SUPERVISED"
 JOINED_MARKER = "contrastive_jax.job_supervisor: joined the job\n"  # consumed, never shown
