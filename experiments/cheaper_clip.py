@@ -129,7 +129,7 @@ def plot(rows: list[dict]) -> plt.Figure:
                     label=arm)
     axes[0].set_xlabel("training examples seen")
     axes[1].set_xlabel("model PFLOP spent")
-    axes[0].set_ylabel("zero-shot accuracy (test canvases, 32 x 32)")
+    axes[0].set_ylabel("zero-shot accuracy (test canvases, at the phase's size)")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)

@@ -8,7 +8,7 @@ Three configs:
   ``CANVAS_DIGIT`` pixels and pasted at a random place of a ``CANVAS`` x ``CANVAS`` black canvas
   with faint noise (``image`` (48, 48, 3) uint8, grey in RGB; ``PLACEMENTS`` placements of each
   digit: 2874 / 720): an image-text task for a ViT whose patches matter (read at 32 x 32 with
-  patch 4 it has 64 patches, the digit in 9-36 of them) and whose lower resolutions lose
+  patch 4 it has 64 patches, the digit in 4-25 of them) and whose lower resolutions lose
   detail (at 16 x 16 the digit is 4-8 pixels across); its ``caption`` is the text, for
   ``data.preprocess`` ``image_text`` (the pod's path: resize on the host, tokenise);
   ``index`` is the digit's row, ``canvas`` the canvas's place in :func:`canvas_images`.
