@@ -1,6 +1,6 @@
 """One process of the 2-process loopback test in test_distributed.py (not a test itself).
 
-    python tests/multihost_worker.py PROCESS_ID PORT [die]
+    python tests/multihost_worker.py PROCESS_ID PORT
 
 Joins a 2-process job on 127.0.0.1:PORT with 2 CPU devices each, builds the global batch from
 its half of the rows, runs every strategy of the sharded CLIP and NT-Xent losses, and prints
@@ -29,33 +29,11 @@ def data():
     return x, (x + 0.5 * rng.standard_normal((ROWS, DIM))).astype(np.float32)
 
 
-def die_and_wait(process_id: int) -> None:
-    """``die`` mode: process 1 dies abruptly; process 0 keeps exchanging data with it and
-    must be stopped by the heartbeat (a clear error and a non-zero exit, not a hang)."""
-    import os
-    import time
-
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("both started")
-    if process_id == 1:
-        os._exit(3)
-    for i in range(6000):  # at most ~60 s; the heartbeat (5 s) should end it far sooner
-        multihost_utils.process_allgather(np.int32(i))
-        time.sleep(0.01)
-    print("process 0 was never stopped", flush=True)
-
-
-def main(process_id: int, port: str, mode: str = "compare") -> None:
+def main(process_id: int, port: str) -> None:
     jax.config.update("jax_num_cpu_devices", 2)
     join_job(Launch(mode="explicit", coordinator_address=f"127.0.0.1:{port}",
-                      num_processes=2, process_id=process_id,
-                      initialization_timeout_s=60,
-                      heartbeat_timeout_s=5 if mode == "die" else 10))
-    if mode == "die":
-        die_and_wait(process_id)
-        return
+                    num_processes=2, process_id=process_id, initialization_timeout_s=60,
+                    heartbeat_timeout_s=10))
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental import multihost_utils
@@ -96,4 +74,4 @@ def main(process_id: int, port: str, mode: str = "compare") -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:])
+    main(int(sys.argv[1]), sys.argv[2])

@@ -1,6 +1,6 @@
 """experiments/cheaper_clip.py: every arm spends the same FLOPs, a two-phase arm runs its
-second phase from the first's workdir (at another resolution: the position table moved), and
-the report holds the final accuracies of every arm."""
+second phase from the first's workdir at the tuning settings, and the report holds the final
+accuracies of every arm."""
 
 import importlib.util
 import pathlib
@@ -42,20 +42,34 @@ def test_every_arm_spends_the_budget_of_unmasked_steps(cheaper, steps):
     assert steps[0.0, 16, 0.9][0] > 2 * 90  # 16 patches instead of 64
 
 
-def test_the_low_resolution_arm_tunes_at_full_size_from_its_first_phase(cheaper, steps, capsys):
-    """res=16 + tuning on the quick config: phase 0 at 16, phase 1 at 32 starting from phase 0's
-    workdir (a start line says the position table moved 16 -> 64); examples and FLOPs add up
-    over the phases."""
+def test_a_two_phase_arm_tunes_from_its_first_phase_s_workdir(cheaper, steps, monkeypatch):
+    """res=16 + tuning with the trainer recorded, not run (the move itself, 16 -> 32 with the
+    position table resampled, runs in tests/test_pod_template.py's CLIPA recipe): phase 0 at
+    16 with patch dropout 0, phase 1 at 32 from phase 0's workdir at the tuning learning rate;
+    examples and FLOPs add up over the phases."""
+    runs = []
+
+    def recorded(config, workdir):
+        runs.append((config, workdir))
+        count = config.total_steps
+        return {"evaluations": [{"step": count, "zero_shot": 0.5, "x_to_y_r1": 0.4,
+                                 "train_s": 1.0}]}
+
+    import contrastive_jax.training.train as train
+
+    monkeypatch.setattr(train, "train_and_evaluate", recorded)
     steps = {key: (3 if key[2] < 1 else 6, flops) for key, (_, flops) in steps.items()}
     rows = cheaper.run_arm("res=16 + tuning", 0, steps, quick=True)
-    assert "sample_encoder/positions moved from 16 to 64 positions" in capsys.readouterr().out
-    assert (rows[0]["phase"], rows[0]["image_size"]) == (0, 16)
-    assert rows[-1]["phase"] == 1 and rows[-1]["image_size"] == 32
+    (first, first_dir), (second, _) = runs
+    assert first.data.preprocess.image_size == first.model.sample_encoder.image_size == 16
+    assert second.data.preprocess.image_size == second.model.sample_encoder.image_size == 32
+    assert first.model.sample_encoder.patch_dropout == 0.0 and "init_from" not in first.model
+    assert second.model.init_from.path == first_dir
+    assert second.optimizer.learning_rate == cheaper.TUNING_LR
+    assert [(r["phase"], r["image_size"]) for r in rows] == [(0, 16), (1, 32)]
     assert rows[-1]["examples"] == 6 * 64  # 3 steps + 3 steps of the quick batch
-    first = [r for r in rows if r["phase"] == 0][-1]
     assert rows[-1]["pflop"] == pytest.approx(
-        first["pflop"] + 3 * steps[0.0, 32, 0.1][1] / 1e15)
-    assert all(0.0 <= r["zero_shot"] <= 1.0 for r in rows)
+        (3 * steps[0.0, 16, 0.9][1] + 3 * steps[0.0, 32, 0.1][1]) / 1e15)
 
 
 def test_the_report_has_a_row_per_arm(cheaper, steps, tmp_path, monkeypatch):

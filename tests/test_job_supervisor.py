@@ -203,3 +203,24 @@ def test_a_fatal_report_before_the_job_met_is_a_start_up_error(workdir, capsys):
         "0) did not see all 2 processes within launch.initialization_timeout_s = 5 s. Start "
         "process 0 there and every other process with the same coordinator address and "
         "process count, each id once."]
+
+
+def test_a_save_barrier_that_timed_out_names_the_process_that_never_came(workdir, capsys):
+    """orbax's wait at a save's barrier ended (another process's write failed): one line
+    naming it, exit 75."""
+    traceback = ('Traceback (most recent call last):\n  File "multihost.py", line 309\n'
+                 'jax.errors.JaxRuntimeError: DEADLINE_EXCEEDED: Barrier timed out. Id: '
+                 '_async_write_complete.1::0.\n# of tasks that reached the barrier: 1/2.\n'
+                 'The first task at the barrier: 0. Some timed out task names:\n1\n'
+                 'TimeoutError: Timed out while waiting for async_write_complete barrier.\n')
+    program = child(f"""
+        import sys
+        sys.stderr.write({MARKER!r} + {traceback!r})
+        sys.exit(1)
+    """)
+    assert job_supervisor.supervise([], workdir, launch(0), program=program) == 75
+    assert capsys.readouterr().err.splitlines() == [
+        "error: process 1 did not finish writing a checkpoint within checkpoint_timeout_s "
+        "(its own error says why: a full disk, a refused write); process 0 stopped too. Fix "
+        "that host, then start every process again with the same command: the run resumes "
+        f"from its last checkpoint (step 40 in {workdir})."]

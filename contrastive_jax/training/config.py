@@ -53,7 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
     """The run-level fields of every training config (each config sets data, model, loss...).
 
     ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
-    ``keep_checkpoints``, ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
+    ``keep_checkpoints``, ``checkpoint_timeout_s`` (the longest a save may take),
+    ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
     :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
@@ -75,6 +76,10 @@ def base_config() -> ml_collections.ConfigDict:
         "log_every": 50,
         "checkpoint_every": 500,
         "keep_checkpoints": 3,
+        # the longest a checkpoint save may take (orbax's own default); with several processes
+        # a process whose write fails or stalls makes the others stop after it (their wait at
+        # the save's barrier; docs/reliability.md "Multi-host faults")
+        "checkpoint_timeout_s": 1200,
         # K micro-batches per global batch, gradient unchanged (exact accumulation,
         # contrastive_jax.training.step.accumulation); the micro-batch B/K must divide over the
         # data devices

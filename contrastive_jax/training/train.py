@@ -193,7 +193,8 @@ def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_chang
     """:func:`train_and_evaluate` once it holds the workdir's lock."""
     run, state = prepare_run(config, workdir, method)
     manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
-                                  keep=config.keep_checkpoints)
+                                  keep=config.keep_checkpoints,
+                                  timeout_s=config.get("checkpoint_timeout_s", 1200))
     try:
         changed = check_config(config, workdir, resuming_from=manager.latest_step(),
                                accept_change=accept_config_change)

@@ -48,17 +48,24 @@ from contrastive_jax.training.step.state_sharding import path_name
 from contrastive_jax.training.step.train_state import all_finite
 
 
-def manager(workdir: str | os.PathLike, *, every: int, keep: int) -> ocp.CheckpointManager:
+def manager(workdir: str | os.PathLike, *, every: int, keep: int,
+            timeout_s: int = 1200) -> ocp.CheckpointManager:
     """An async CheckpointManager under ``workdir/checkpoints``, checked writable first (a
-    read-only folder would otherwise surface as orbax's 300 s timeout at the first save)."""
+    read-only folder would otherwise surface as orbax's 300 s timeout at the first save).
+    ``timeout_s``: the longest a save may take (orbax's ``AsyncOptions.timeout_secs``; with
+    several processes also the wait at the save's barrier for a process whose write failed)."""
     if every < 1 or keep < 1:
         raise ConfigError(f"checkpoint_every and keep_checkpoints must be >= 1; got {every}, "
                          f"{keep}")
     directory = absolute(workdir) / "checkpoints"
     _check_writable(directory)
     _quiet_orbax_storage_errors()
-    options = ocp.CheckpointManagerOptions(save_interval_steps=every, max_to_keep=keep,
-                                           enable_async_checkpointing=True, create=True)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s < 1:
+        raise ConfigError(f"checkpoint_timeout_s must be a positive number of seconds; got "
+                          f"{timeout_s!r}")
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=every, max_to_keep=keep, enable_async_checkpointing=True,
+        create=True, async_options=ocp.AsyncOptions(timeout_secs=timeout_s))
     # the handlers named up front, so that a step's metadata can be read before any save or
     # restore (restore_latest reads it to find the layout a checkpoint was written in)
     return ocp.CheckpointManager(directory, options=options, item_handlers={

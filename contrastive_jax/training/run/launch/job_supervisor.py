@@ -47,6 +47,9 @@ REPORT_START = re.compile(r"^[EWF]\d{4} .*\b(coordination_service(_agent)?\.cc|c
 # failing because a peer went away, which the report then explains)
 TRACEBACK_START = ("Traceback (most recent call last):", "Exception in thread")
 FATAL = "JAX distributed service detected fatal errors"
+# a checkpoint save whose barrier another process never reached (its write failed or stalled)
+SAVE_BARRIER = re.compile(r"Timed out while waiting for async_write_complete barrier|"
+                          r"DEADLINE_EXCEEDED: Barrier timed out")
 # a collective (gloo on CPU) that failed because its peer is gone
 PEER_GONE = re.compile(r"Gloo \w+ failed|Connection reset by peer|Connection closed by peer")
 UNHEALTHY = re.compile(r"tasks are unhealthy \(stopped sending heartbeats\):\s*\n"
@@ -102,6 +105,10 @@ def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
     if not met and FATAL in report:
         print(never_met_line(report, launch), file=sys.stderr, flush=True)
         return 2
+    if status != 0 and FATAL not in report and SAVE_BARRIER.search(report):
+        print(save_barrier_line(report, workdir, launch.process_id), file=sys.stderr,
+              flush=True)
+        return LOST_PROCESS_STATUS
     if FATAL in report or (status != 0 and PEER_GONE.search(report)):
         print(lost_process_line(report, workdir, launch.heartbeat_timeout_s, launch.process_id),
               file=sys.stderr, flush=True)
@@ -122,6 +129,22 @@ def never_met_line(report: str, launch: Launch) -> str:
             f"did not see all {count} within launch.initialization_timeout_s = "
             f"{launch.initialization_timeout_s} s. Start process 0 there and every other "
             "process with the same coordinator address and process count, each id once.")
+
+
+def save_barrier_line(report: str, workdir: str, process_id: int | None = None) -> str:
+    """The one line for a checkpoint save that another process never finished (the wait at
+    orbax's barrier timed out): which processes, where the run resumes."""
+    named = re.search(r"timed out task names:\s*\n((?:\s*\d+\s*\n)+)", report)
+    ids = sorted({int(x) for x in named.group(1).split()}) if named else []
+    who = (f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))}" if ids
+           else "another process")
+    me = f"process {process_id}" if process_id is not None else "this process"
+    step = last_checkpoint(workdir)
+    where = (f"the run resumes from its last checkpoint (step {step} in {workdir})"
+             if step is not None else f"no checkpoint is in {workdir} yet: the run starts over")
+    return (f"error: {who} did not finish writing a checkpoint within checkpoint_timeout_s "
+            f"(its own error says why: a full disk, a refused write); {me} stopped too. Fix "
+            f"that host, then start every process again with the same command: {where}.")
 
 
 def lost_process_line(report: str, workdir: str, heartbeat_timeout_s: int,

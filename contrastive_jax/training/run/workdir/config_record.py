@@ -22,7 +22,7 @@ sides before comparing), so a workdir keeps resuming across a rename of its conf
   settings are the method's block, :class:`~contrastive_jax.training.methods.MoCoSettings`);
 - fields added since, at the value that reproduces the old run (:data:`ADDED_FIELDS`:
   ``data.worker_count`` = 0; the ``profile`` block, off; ``transfer_guard`` = "allow";
-  ``log_model_flops`` = True).
+  ``log_model_flops`` = True; ``checkpoint_timeout_s`` = 1200).
 
 ``data.worker_count`` never changes on a resume, even when accepted: the saved data stream
 holds each worker's position, so another count cannot continue it.
@@ -49,9 +49,11 @@ from contrastive_jax.training.run.workdir import json_output
 RECORD = "config.json"
 # fields records written before them lack (a path of keys): the value that reproduces them
 ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS,
-                ("transfer_guard",): "allow", ("log_model_flops",): True}
+                ("transfer_guard",): "allow", ("log_model_flops",): True,
+                ("checkpoint_timeout_s",): 1200}
 FIXED_ON_RESUME = ("data.worker_count",)
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
+              "checkpoint_timeout_s",
               "max_skipped_in_a_row", "evaluation", "launch", "data.data_dir", "mesh",
               "sharding", "profile", "transfer_guard", "log_model_flops", "model.attention",
               "model.encoder.scan", "model.sample_encoder.scan", "model.text_encoder.scan")
