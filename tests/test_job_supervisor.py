@@ -224,3 +224,25 @@ def test_a_save_barrier_that_timed_out_names_the_process_that_never_came(workdir
         "(its own error says why: a full disk, a refused write); process 0 stopped too. Fix "
         "that host, then start every process again with the same command: the run resumes "
         f"from its last checkpoint (step 40 in {workdir})."]
+
+
+def test_a_process_id_used_twice_is_named(workdir, capsys):
+    """The service's report when a second process registers with a taken id: exit 2 and one
+    line naming the id, for the processes that had joined and the one that could not."""
+    report = ("E1204 04:18:43.5 4538 coordination_service.cc:518] [174] 1 unexpectedly tried "
+              "to connect with a different incarnation. It has likely restarted.\n"
+              "F1204 04:18:43.5 4546 client.h:80] Terminating process because the JAX "
+              "distributed service detected fatal errors.\n")
+    for marker in (MARKER, ""):
+        program = child(f"""
+            import os, sys
+            sys.stderr.write({marker!r} + {report!r})
+            sys.stderr.flush()
+            os.abort()
+        """)
+        assert job_supervisor.supervise([], workdir, launch(0), program=program) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            "error: process 1 of the job was started twice (a second process with that id "
+            "registered while the first ran, or it restarted mid-job); process 0 stopped. "
+            "Start every process once, each with its own process id, then the same command "
+            "resumes from the last checkpoint."]

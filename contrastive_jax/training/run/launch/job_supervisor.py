@@ -47,6 +47,8 @@ REPORT_START = re.compile(r"^[EWF]\d{4} .*\b(coordination_service(_agent)?\.cc|c
 # failing because a peer went away, which the report then explains)
 TRACEBACK_START = ("Traceback (most recent call last):", "Exception in thread")
 FATAL = "JAX distributed service detected fatal errors"
+# a second process with the same id (or a process restarted while the job runs)
+TWICE = re.compile(r"(\d+) unexpectedly tried to connect (?:with a different incarnation|while)")
 # a checkpoint save whose barrier another process never reached (its write failed or stalled)
 SAVE_BARRIER = re.compile(r"Timed out while waiting for async_write_complete barrier|"
                           r"DEADLINE_EXCEEDED: Barrier timed out")
@@ -102,6 +104,10 @@ def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report = "".join(held)
+    twice = TWICE.search(report)
+    if twice and (FATAL in report or not met):
+        print(started_twice_line(int(twice.group(1)), launch), file=sys.stderr, flush=True)
+        return 2
     if not met and FATAL in report:
         print(never_met_line(report, launch), file=sys.stderr, flush=True)
         return 2
@@ -117,15 +123,22 @@ def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
     return 128 - status if status < 0 else status
 
 
+def started_twice_line(duplicate: int, launch: Launch) -> str:
+    """The one line for a job in which process ``duplicate`` registered twice."""
+    me = f"process {launch.process_id}" if launch.process_id is not None else "this process"
+    return (f"error: process {duplicate} of the job was started twice (a second process with "
+            f"that id registered while the first ran, or it restarted mid-job); {me} stopped. "
+            "Start every process once, each with its own process id, then the same command "
+            "resumes from the last checkpoint.")
+
+
 def never_met_line(report: str, launch: Launch) -> str:
     """The one line for a start-up whose processes never met (the service's report came
     before this process joined)."""
     me = f"process {launch.process_id}" if launch.process_id is not None else "this process"
     where = f" at {launch.coordinator_address}" if launch.coordinator_address else ""
     count = f"{launch.num_processes} processes" if launch.num_processes else "every process"
-    cause = "another process registered with the same process id; " \
-        if "already registered" in report.lower() or "duplicate" in report.lower() else ""
-    return (f"error: {me} could not join the job: {cause}the coordinator{where} (process 0) "
+    return (f"error: {me} could not join the job: the coordinator{where} (process 0) "
             f"did not see all {count} within launch.initialization_timeout_s = "
             f"{launch.initialization_timeout_s} s. Start process 0 there and every other "
             "process with the same coordinator address and process count, each id once.")
