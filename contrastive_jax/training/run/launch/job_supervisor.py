@@ -125,9 +125,9 @@ def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
 
 def started_twice_line(duplicate: int, launch: Launch) -> str:
     """The one line for a job in which process ``duplicate`` registered twice."""
-    me = f"process {launch.process_id}" if launch.process_id is not None else "this process"
     return (f"error: process {duplicate} of the job was started twice (a second process with "
-            f"that id registered while the first ran, or it restarted mid-job); {me} stopped. "
+            f"that id registered while the first ran, or it restarted mid-job); "
+            f"{_me(launch.process_id)} stopped. "
             "Start every process once, each with its own process id, then the same command "
             "resumes from the last checkpoint.")
 
@@ -135,7 +135,7 @@ def started_twice_line(duplicate: int, launch: Launch) -> str:
 def never_met_line(report: str, launch: Launch) -> str:
     """The one line for a start-up whose processes never met (the service's report came
     before this process joined)."""
-    me = f"process {launch.process_id}" if launch.process_id is not None else "this process"
+    me = _me(launch.process_id)
     where = f" at {launch.coordinator_address}" if launch.coordinator_address else ""
     count = f"{launch.num_processes} processes" if launch.num_processes else "every process"
     return (f"error: {me} could not join the job: the coordinator{where} (process 0) "
@@ -148,16 +148,11 @@ def save_barrier_line(report: str, workdir: str, process_id: int | None = None) 
     """The one line for a checkpoint save that another process never finished (the wait at
     orbax's barrier timed out): which processes, where the run resumes."""
     named = re.search(r"timed out task names:\s*\n((?:\s*\d+\s*\n)+)", report)
-    ids = sorted({int(x) for x in named.group(1).split()}) if named else []
-    who = (f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))}" if ids
-           else "another process")
-    me = f"process {process_id}" if process_id is not None else "this process"
-    step = last_checkpoint(workdir)
-    where = (f"the run resumes from its last checkpoint (step {step} in {workdir})"
-             if step is not None else f"no checkpoint is in {workdir} yet: the run starts over")
+    who = _processes(named.group(1)) if named else "another process"
     return (f"error: {who} did not finish writing a checkpoint within checkpoint_timeout_s "
-            f"(its own error says why: a full disk, a refused write); {me} stopped too. Fix "
-            f"that host, then start every process again with the same command: {where}.")
+            f"(its own error says why: a full disk, a refused write); {_me(process_id)} "
+            "stopped too. Fix that host, then start every process again with the same "
+            f"command: {_resumes(workdir)}.")
 
 
 def lost_process_line(report: str, workdir: str, heartbeat_timeout_s: int,
@@ -167,20 +162,31 @@ def lost_process_line(report: str, workdir: str, heartbeat_timeout_s: int,
     in ``workdir`` and what to run."""
     named = UNHEALTHY.search(report)
     if named:
-        ids = sorted({int(x) for x in named.group(1).split()})
-        who = (f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))} stopped "
-               f"sending heartbeats for {heartbeat_timeout_s} s (launch.heartbeat_timeout_s)")
+        who = (f"{_processes(named.group(1))} stopped sending heartbeats for "
+               f"{heartbeat_timeout_s} s (launch.heartbeat_timeout_s)")
     elif any(marker in report for marker in COORDINATOR_GONE):
         who = "the connection to process 0, which coordinates the job, broke"
     else:
         who = "the coordination service reported a failed process"
-    me = f"process {process_id}" if process_id is not None else "this process"
+    return (f"error: the job lost a process: {who}; {_me(process_id)} stopped too (a host "
+            "died, was preempted or was killed). Start every process again with the same "
+            f"command: {_resumes(workdir)}.")
+
+
+def _processes(listed: str) -> str:
+    """``"process 1"`` / ``"processes 1, 3"`` of the ids one per line in ``listed``."""
+    ids = sorted({int(x) for x in listed.split()})
+    return f"process{'es' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
+def _me(process_id: int | None) -> str:
+    return f"process {process_id}" if process_id is not None else "this process"
+
+
+def _resumes(workdir: str) -> str:
     step = last_checkpoint(workdir)
-    where = (f"the run resumes from its last checkpoint (step {step} in {workdir})"
-             if step is not None else f"no checkpoint is in {workdir} yet: the run starts over")
-    return (f"error: the job lost a process: {who}; {me} stopped too (a host died, was "
-            f"preempted or was killed). Start every process again with the same command: "
-            f"{where}.")
+    return (f"the run resumes from its last checkpoint (step {step} in {workdir})"
+            if step is not None else f"no checkpoint is in {workdir} yet: the run starts over")
 
 
 def last_checkpoint(workdir: str) -> int | None:
