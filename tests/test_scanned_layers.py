@@ -211,10 +211,13 @@ def hlo_lines(depth: int, scan: bool) -> int:
 
 
 def test_the_scanned_program_does_not_grow_with_depth():
-    scanned = [hlo_lines(d, True) for d in (1, 4)]
-    unrolled = [hlo_lines(d, False) for d in (1, 4)]
+    """Depth 2 and 6 (a scan of one block XLA may simplify into another program, so depth 1
+    is not compared; in one suite run its line count differed by 2.2%): the scanned program
+    stays within 2% (here equal), the unrolled one more than doubles."""
+    scanned = [hlo_lines(d, True) for d in (2, 6)]
+    unrolled = [hlo_lines(d, False) for d in (2, 6)]
     assert abs(scanned[1] - scanned[0]) <= 0.02 * scanned[0], scanned
-    assert unrolled[1] - unrolled[0] > 2 * (unrolled[0] - 0.5 * scanned[0]), unrolled
+    assert unrolled[1] > 2 * unrolled[0], unrolled
 
 
 def test_a_tower_without_blocks_refuses_scan_and_scan_must_be_a_bool():
