@@ -313,7 +313,7 @@ def test_the_identity_digests_follow_the_code_and_the_prepared_data(tmp_path):
 def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(tmp_path):
     """A refused write on one host (process 1 under a file-size limit, as a full disk refuses
     it) while the job saves checkpoint 20: process 1 exits 2 with its own one-line reason,
-    process 0 exits 75 naming process 1, both within checkpoint_timeout_s (10 s) + 40 s (it
+    process 0 exits 75 naming process 1, both within checkpoint_timeout_s (10 s) + 90 s (it
     used to be orbax's 20 minutes, then a traceback); checkpoint 10 is intact."""
     workdir = tmp_path / "run"
     args = ["--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
@@ -336,7 +336,7 @@ def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(tmp_p
         stderr=subprocess.PIPE, text=True))
     start = time.monotonic()
     outs = _finish_all(limited)
-    assert time.monotonic() - start < 10 + 40
+    assert time.monotonic() - start < 10 + 90  # start-up and the steps included
     assert [p.returncode for p in limited] == [75, 2], [e[-2000:] for _, e in outs]
     errors = [[line for line in err.splitlines() if line.startswith("error: ")]
               for _, err in outs]
@@ -353,7 +353,7 @@ def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(tmp_p
 def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
     """Two processes of a job of 3 (one never started; a wrong address or an id used twice
     look the same to the others): each exits 2 within launch.initialization_timeout_s (2 s)
-    + 25 s with one line saying what to check; no checkpoint is written."""
+    + 60 s (start-up included) with one line saying what to check; no checkpoint is written."""
     port = str(_free_port())
     start = time.monotonic()
     procs = [_cli_process(i, port, [
@@ -361,7 +361,7 @@ def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
         "--config.launch.initialization_timeout_s=2"], {"CONTRASTIVE_JAX_NUM_PROCESSES": "3"})
         for i in range(2)]
     outs = _finish_all(procs)
-    assert time.monotonic() - start < 2 + 25
+    assert time.monotonic() - start < 2 + 60  # start-up included (slow machines: 2-3x)
     assert [p.returncode for p in procs] == [2, 2], [err[-1500:] for _, err in outs]
     for i, (_, err) in enumerate(outs):
         assert err.splitlines() == [

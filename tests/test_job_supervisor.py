@@ -111,7 +111,7 @@ def test_a_signal_to_the_supervisor_reaches_the_child_once(workdir, capfd):
         print(f"child got {len(got)} SIGTERM", flush=True)
         sys.exit(0 if got else 5)
     """)
-    sender = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    sender = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGTERM))  # child is up
     sender.start()
     try:
         assert job_supervisor.supervise([], workdir, launch(), program=program) == 0
