@@ -186,10 +186,9 @@ def _train(positional: list[str]) -> int | None:
         logging.set_verbosity(logging.WARNING)
     config = load_config()
     launch = launch_settings(config.get("launch"))
-    if launch.mode != "single" and not job_supervisor.supervised():
-        check_workdir(_WORKDIR.value)
-        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch)
     check_workdir(_WORKDIR.value)
+    if launch.mode != "single" and not job_supervisor.supervised():
+        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch)
     enable_compilation_cache()
     join_job(launch)
     job_supervisor.joined()

@@ -137,12 +137,17 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+def _wait_for_step(procs: list[subprocess.Popen], workdir: pathlib.Path, target: int) -> None:
+    """Until the run has logged step ``target`` (or a process ended)."""
+    while all(p.poll() is None for p in procs) and logged_step(workdir) < target:
+        time.sleep(0.005)
+
+
 def _stop_at(cmd, workdir: pathlib.Path, target: int, env) -> int:
     """Run ``cmd`` until it has logged step ``target``, then SIGTERM it (it saves a checkpoint
     at the step it stops at); returns that step."""
     proc = _start(cmd, env)
-    while proc.poll() is None and logged_step(workdir) < target:
-        time.sleep(0.005)
+    _wait_for_step([proc], workdir, target)
     proc.send_signal(signal.SIGTERM)
     code, out, err = _finish(proc)
     if code != 0 or "stopped by signal" not in out:
@@ -347,8 +352,7 @@ def _lost(cmd, workdir, steps, rng, env, victim: int) -> dict:
     then both rerun to the end."""
     target = rng.randint(steps // 4, steps // 2)
     procs = _job(cmd, env)
-    while all(p.poll() is None for p in procs) and logged_step(workdir) < target:
-        time.sleep(0.005)
+    _wait_for_step(procs, workdir, target)
     killed_at = logged_step(workdir)
     procs[victim].send_signal(signal.SIGKILL)
     start = time.monotonic()
@@ -381,8 +385,7 @@ def fault_one_signalled(cmd, workdir, steps, rng, env, **_) -> dict:
     """SIGTERM to process 1 only: both stop after the same step and exit 0; then rerun."""
     target = rng.randint(steps // 4, steps // 2)
     procs = _job(cmd, env)
-    while all(p.poll() is None for p in procs) and logged_step(workdir) < target:
-        time.sleep(0.005)
+    _wait_for_step(procs, workdir, target)
     procs[1].send_signal(signal.SIGTERM)
     ends = _finish_job(procs)
     stopped = ends[0][1].split("after step ")[1].split(":")[0] if "after step " in ends[0][1] \

@@ -225,7 +225,9 @@ def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
     out = labelled({"image": image, "captions": {"text": [b"a dog"]}, "label": np.int64(7)})
     assert sorted(out) == ["caption", "image", "label"]
     assert out["label"] == 7 and out["label"].dtype == np.int32
-    with pytest.raises(ConfigError, match=r"extra_features \['label'\] are not in the example"):
+    with pytest.raises(ConfigError, match=r"features \['label'\] not in the dataset; it has "
+                                          r"\['captions', 'image'\]; change "
+                                          r"data.preprocess.extra_features"):
         labelled({"image": image, "captions": {"text": [b"a dog"]}})
     with pytest.raises(ConfigError, match=r"extra_features must be a list of feature names"):
         image_text_preprocess(image_size=16, vocabulary=str(vocab), extra_features="label")

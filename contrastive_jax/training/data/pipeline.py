@@ -105,12 +105,14 @@ def per_host_batch_size(global_batch_size: int, shard: HostShard,
     return global_batch_size // shard.count
 
 
-def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., Example]:
+def standard_preprocess(features: Sequence[str] | None = None, *,
+                        field: str = "data.features") -> Callable[..., Example]:
     """Example -> NumPy dict: keep ``features`` (all if None), fix dtypes for JAX.
 
     uint8 arrays of rank >= 3 (images) become float32 in [0, 1] (x / 255); other integers
     become int32 and other floats float32 (JAX's default types; float64 is kept off by
-    default). A missing feature is a ConfigError naming the available ones.
+    default). A missing feature is a ConfigError naming the available ones and ``field``, the
+    config entry that lists them.
     """
     keep = None if features is None else tuple(features)
 
@@ -120,7 +122,7 @@ def standard_preprocess(features: Sequence[str] | None = None) -> Callable[..., 
             missing = [k for k in keep if k not in example]
             if missing:
                 raise ConfigError(f"features {missing} not in the dataset; it has "
-                               f"{sorted(example)}; change data.features")
+                               f"{sorted(example)}; change {field}")
             example = {k: example[k] for k in keep}
         return {k: _to_jax_dtype(np.asarray(v)) for k, v in example.items()}
 
@@ -191,7 +193,8 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     if isinstance(extra_features, str) or not all(isinstance(k, str) for k in extra_features):
         raise ConfigError("data.preprocess.extra_features must be a list of feature names, "
                           f"e.g. ('label',); got {extra_features!r}")
-    extra = standard_preprocess(tuple(extra_features)) if extra_features else None
+    extra = standard_preprocess(tuple(extra_features), field="data.preprocess.extra_features") \
+        if extra_features else None
 
     def preprocess(example: Mapping, epoch: int = 0, position: int = 0) -> Example:
         if image_key not in example:
@@ -217,13 +220,7 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
                 raise ConfigError(f"an example has no caption at {caption_key!r}")
             text = text[epoch % len(text)]
         tokens = tokens_of.encode([text], max_tokens)[0]
-        if extra is None:
-            return {"image": image, "caption": tokens}
-        missing = [k for k in extra_features if k not in example]
-        if missing:
-            raise ConfigError(f"data.preprocess.extra_features {missing} are not in the "
-                              f"example (it has {sorted(example)}); change extra_features")
-        return {**extra(example), "image": image, "caption": tokens}
+        return {**(extra(example) if extra else {}), "image": image, "caption": tokens}
 
     return preprocess
 

@@ -20,10 +20,8 @@ each object followed by a delete (an object store has no rename).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
@@ -43,6 +41,11 @@ from contrastive_jax.errors import (
     storage_cause,
 )
 from contrastive_jax.training.models import scanned_layers
+from contrastive_jax.training.run.launch.process_count import (
+    process_count_refusal,
+    resplit_position,
+    saved_process_count,
+)
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
 from contrastive_jax.training.step.state_sharding import path_name
 from contrastive_jax.training.step.train_state import all_finite
@@ -191,7 +194,6 @@ def save(mgr: ocp.CheckpointManager, step: int, state, data_iterator, *,
 
 
 SET_ASIDE = "checkpoints_set_aside"
-DATA_FILE = re.compile(r"process_\d+-of-(\d+)\.json")  # grain's file per process
 
 
 def set_aside(mgr: ocp.CheckpointManager, steps, reason: str, *, warn=print) -> list[str]:
@@ -244,42 +246,15 @@ def set_aside_from(mgr: ocp.CheckpointManager, first: int, reason: str, *,
     return set_aside(mgr, [s for s in mgr.all_steps() if s >= first], reason, warn=warn)
 
 
-def saved_process_count(mgr: ocp.CheckpointManager, step: int) -> int | None:
-    """How many processes wrote checkpoint ``step`` (its ``data/process_I-of-N.json``), or
-    None when that cannot be read."""
-    try:
-        names = [p.name for p in (epath.Path(mgr.directory) / str(step) / "data").iterdir()]
-    except OSError:
-        return None
-    counts = {int(m.group(1)) for m in map(DATA_FILE.fullmatch, names) if m}
-    return counts.pop() if len(counts) == 1 else None
-
-
-def _resplit_data(mgr: ocp.CheckpointManager, step: int, saved_by: int, data_iterator) -> None:
-    """Set ``data_iterator`` (this process's, of another process count than the checkpoint's)
-    to the batch the checkpoint's run would have read next: every process's saved state is
-    the same batch index (each process reads batch ``k`` of its own slice of one global
-    stream, so batch ``k`` of any process count holds the same examples)."""
-    path = epath.Path(mgr.directory) / str(step) / "data" / f"process_0-of-{saved_by}.json"
-    saved = json.loads(path.read_text())
-    if set(saved) != {"next_index"}:
-        raise CheckpointError(
-            f"checkpoint {step} in {mgr.directory} holds the data position of grain worker "
-            "processes (data.worker_count > 0), which cannot be split again over another "
-            f"process count: resume with {saved_by} processes")
-    data_iterator.set_state(saved)
-
-
 def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                    warn=print, resplit_data: bool = False):
     """``(state, step)`` from the newest restorable checkpoint (the iterator is restored in
     place), or ``(state_template, None)`` when there is none.
 
-    A checkpoint written by another number of processes (each saved its own place in the data)
-    is a :class:`CheckpointError` naming both counts, unless ``resplit_data``: then the state
-    is restored and every process starts at the batch the saved run would have read next
-    (the same examples at each step, split over this run's processes in another row order, so
-    with other per-row random augmentations: a continuation, not the saved run's own).
+    A checkpoint written by another number of processes is a :class:`CheckpointError` naming
+    both counts, unless ``resplit_data``: then the state is restored and every process starts
+    at the batch the saved run would have read next (:mod:`~contrastive_jax.training.run.
+    launch.process_count`).
 
     ``state_template`` gives the structure, shapes, dtypes and shardings. A checkpoint written
     with the other layout of a tower's Transformer blocks (unrolled into scanned or back,
@@ -294,16 +269,10 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     steps = sorted(mgr.all_steps(), reverse=True)
     if not steps:
         return state_template, None
-    saved_by = saved_process_count(mgr, steps[0])
+    saved_by = saved_process_count(epath.Path(mgr.directory), steps[0])
     resplit = saved_by is not None and saved_by != jax.process_count()
     if resplit and not resplit_data:
-        raise CheckpointError(
-            f"checkpoint {steps[0]} in {mgr.directory} was written by a run of {saved_by} "
-            f"process{'es' if saved_by > 1 else ''} and this run has {jax.process_count()}: "
-            f"each process saved its own place in the data. Resume with {saved_by} "
-            "processes, or add --resplit_data to continue at the same batch (each step then "
-            "trains on the same examples in another row order, with other random "
-            f"augmentations: a continuation, not the run {saved_by} processes would make)")
+        raise CheckpointError(process_count_refusal(mgr.directory, steps[0], saved_by))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
     failures, damaged = [], []
     for step in steps:
@@ -312,7 +281,7 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
             if resplit:
                 restored = mgr.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target)))
-                _resplit_data(mgr, step, saved_by, data_iterator)
+                resplit_position(epath.Path(mgr.directory), step, saved_by, data_iterator)
             else:
                 restored = mgr.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target),

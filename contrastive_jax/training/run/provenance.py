@@ -76,10 +76,6 @@ def source_digest(package_dir: str | pathlib.Path = _PACKAGE_DIR) -> str:
 
 def version(package: str) -> str:
     """The installed version of ``package``, ``"not installed"`` when it is not."""
-    return _version(package)
-
-
-def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -106,7 +102,7 @@ def provenance() -> dict[str, Any]:
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     return {"date_utc": now.isoformat().replace("+00:00", "Z"), "commit": commit,
             "dirty": dirty, "python": platform.python_version(),
-            **{name: _version(name) for name in PACKAGES}, **_devices()}
+            **{name: version(name) for name in PACKAGES}, **_devices()}
 
 
 def provenance_line(record: dict[str, Any] | None = None) -> str:
