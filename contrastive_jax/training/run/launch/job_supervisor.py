@@ -104,23 +104,29 @@ def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report = "".join(held)
-    twice = TWICE.search(report)
-    if twice and (FATAL in report or not met):
-        print(started_twice_line(int(twice.group(1)), launch), file=sys.stderr, flush=True)
-        return 2
-    if not met and FATAL in report:
-        print(never_met_line(report, launch), file=sys.stderr, flush=True)
-        return 2
-    if status != 0 and FATAL not in report and SAVE_BARRIER.search(report):
-        print(save_barrier_line(report, workdir, launch.process_id), file=sys.stderr,
-              flush=True)
-        return LOST_PROCESS_STATUS
-    if FATAL in report or (status != 0 and PEER_GONE.search(report)):
-        print(lost_process_line(report, workdir, launch.heartbeat_timeout_s, launch.process_id),
-              file=sys.stderr, flush=True)
-        return LOST_PROCESS_STATUS
+    ending = _ending(report, status, met, launch, workdir)
+    if ending is not None:
+        print(ending[0], file=sys.stderr, flush=True)
+        return ending[1]
     sys.stderr.write(report)
     return 128 - status if status < 0 else status
+
+
+def _ending(report: str, status: int, met: bool, launch: Launch,
+            workdir: str) -> tuple[str, int] | None:
+    """``(the one line, exit status)`` for a child that ended with the held-back ``report``
+    (``met``: it had joined the job), or None: its own ending stands."""
+    twice = TWICE.search(report)
+    if twice and (FATAL in report or not met):
+        return started_twice_line(int(twice.group(1)), launch), 2
+    if not met and FATAL in report:
+        return never_met_line(report, launch), 2
+    if status != 0 and FATAL not in report and SAVE_BARRIER.search(report):
+        return save_barrier_line(report, workdir, launch.process_id), LOST_PROCESS_STATUS
+    if FATAL in report or (status != 0 and PEER_GONE.search(report)):
+        return (lost_process_line(report, workdir, launch.heartbeat_timeout_s,
+                                  launch.process_id), LOST_PROCESS_STATUS)
+    return None
 
 
 def started_twice_line(duplicate: int, launch: Launch) -> str:
