@@ -5,6 +5,8 @@ integer labels.
   L-BFGS (optax) to convergence; the L2 strength is picked on a held-out part of the training
   features, then the probe is refitted on all of them (the linear evaluation protocol of
   [SimCLR], docs/references.md).
+- :func:`fewshot_probe`: big_vision's closed-form few-shot probe (ridge regression to +-1
+  targets on 1/5/10/25 examples per class, 3 seeds);
 - :func:`knn_accuracy`: cosine kNN with votes weighted by ``exp(sim / T)`` (Wu et al. 2018, the
   usual self-supervised kNN monitor).
 """
@@ -72,12 +74,32 @@ def linear_probe(train_x, train_y, test_x, test_y, *, num_classes: int | None = 
     the best is refitted on every training row and scored on the test rows. Returns
     ``{"accuracy", "l2", "holdout_accuracy": {l2: acc}}``.
     """
+    test_y = np.asarray(test_y)
+    logits, best, scores = linear_probe_logits(train_x, train_y, test_x, test_y,
+                                               num_classes=num_classes, l2_grid=l2_grid,
+                                               holdout=holdout, seed=seed, max_iter=max_iter)
+    return {"accuracy": float(np.mean(np.argmax(logits, 1) == test_y)), "l2": best,
+            "holdout_accuracy": scores}
+
+
+def linear_probe_logits(train_x, train_y, test_x, test_y=None, *,
+                        num_classes: int | None = None, l2_grid: Sequence[float] = L2_GRID,
+                        holdout: float = 0.2, seed: int = 0, max_iter: int = 500
+                        ) -> tuple[np.ndarray, float, dict[float, float]]:
+    """``(test logits (n_test, C), the chosen l2, {l2: held-out accuracy})`` of the probe of
+    :func:`linear_probe` (CLIP's linear-probe protocol: logistic regression on frozen features,
+    the regulariser chosen on a held-out part of the training split, [CLIP] Sec. 3.2 and
+    App. A.3): ``min_{W,b} mean_i CE(softmax(x_i W + b), y_i) + l2 ||W||^2`` on standardised
+    features (the training rows' mean and std). ``test_y`` only widens the class count.
+    """
     train_x, test_x = np.asarray(train_x, np.float32), np.asarray(test_x, np.float32)
-    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    train_y = np.asarray(train_y)
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
         raise InputError(f"features must be (n, d) with equal d; got {train_x.shape}, "
                          f"{test_x.shape}")
-    k = int(num_classes or max(train_y.max(), test_y.max()) + 1)
+    top = train_y.max() if test_y is None or not np.size(test_y) else \
+        max(train_y.max(), np.max(test_y))
+    k = int(num_classes or top + 1)
     order = np.random.default_rng(seed).permutation(len(train_x))
     cut = int(len(train_x) * (1 - holdout))
     fit, held = order[:cut], order[cut:]
@@ -91,8 +113,68 @@ def linear_probe(train_x, train_y, test_x, test_y, *, num_classes: int | None = 
     all_x, tst_x = _standardise(train_x, test_x)
     params = _fit_logistic(jnp.asarray(all_x), jax.nn.one_hot(train_y, k), jnp.float32(best),
                            max_iter)
-    return {"accuracy": _accuracy(params, tst_x, test_y), "l2": best,
-            "holdout_accuracy": scores}
+    return np.asarray(tst_x @ params["w"] + params["b"]), best, scores
+
+
+FEWSHOT_SHOTS = (1, 5, 10, 25)
+FEWSHOT_SEEDS = (0, 1, 2)
+FEWSHOT_L2 = 2.0 ** 10
+FEWSHOT_BIAS = 100.0  # the constant feature that carries the bias (almost unregularised)
+
+
+def fewshot_probe(train_x, train_y, test_x, test_y, *, num_classes: int,
+                  shots: Sequence[int] = FEWSHOT_SHOTS, seeds: Sequence[int] = FEWSHOT_SEEDS,
+                  l2: float = FEWSHOT_L2) -> dict[str, float]:
+    """big_vision's closed-form few-shot probe: ``{"{s}shot": mean accuracy over the seeds,
+    "{s}shot_seed{r}": each seed's}`` for each ``s`` in ``shots``.
+
+    For seed ``r``, each class's training rows are permuted by ``numpy.random.default_rng(r)``
+    (classes in order, one generator per seed) and the first ``s`` kept (fewer when a class has
+    fewer). On those rows: features standardised by their own mean and std (+ 1e-5), a constant
+    feature ``FEWSHOT_BIAS`` appended, targets ``2 onehot(y) - 1``, and the ridge regression
+    ``W = (X^T X + l2 I)^-1 X^T Y`` (computed as ``X^T (X X^T + l2 I)^-1 Y`` when there are
+    fewer rows than features: the same matrix); a test row predicts ``argmax_c (x W)_c``
+    (ties to the lower class). docs/evaluation.md, "Few-shot probe"; Zhai et al. 2022 [LiT] /
+    big_vision's ``fewshot_lsr`` evaluator, ``l2 = 2^10`` by default.
+    """
+    train_x, test_x = np.asarray(train_x, np.float64), np.asarray(test_x, np.float64)
+    train_y, test_y = np.asarray(train_y), np.asarray(test_y)
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
+        raise InputError(f"features must be (n, d) with equal d; got {train_x.shape}, "
+                         f"{test_x.shape}")
+    if not shots or min(shots) < 1 or l2 <= 0:
+        raise InputError(f"need shots >= 1 and l2 > 0; got shots={tuple(shots)}, l2={l2}")
+    out: dict[str, float] = {}
+    for r in seeds:
+        rng = np.random.default_rng(r)
+        per_class = [rng.permutation(np.flatnonzero(train_y == c)) for c in range(num_classes)]
+        for s in shots:
+            rows = np.concatenate([idx[:s] for idx in per_class])
+            w, mean, std = ridge_classifier(train_x[rows], train_y[rows], num_classes, l2)
+            pred = np.argmax(_with_bias((test_x - mean) / std) @ w, axis=1)
+            out[f"{s}shot_seed{r}"] = float(np.mean(pred == test_y))
+    for s in shots:
+        out[f"{s}shot"] = float(np.mean([out[f"{s}shot_seed{r}"] for r in seeds]))
+    return out
+
+
+def ridge_classifier(x, y, num_classes: int, l2: float
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(W (d + 1, C), mean (d,), std (d,))`` of :func:`fewshot_probe`'s regression on rows
+    ``x (n, d)`` with labels ``y (n,)`` (float64)."""
+    mean, std = x.mean(0), x.std(0) + 1e-5
+    a = _with_bias((x - mean) / std)
+    targets = 2.0 * np.eye(num_classes)[y] - 1.0
+    n, d = a.shape
+    if n >= d:
+        w = np.linalg.solve(a.T @ a + l2 * np.eye(d), a.T @ targets)
+    else:
+        w = a.T @ np.linalg.solve(a @ a.T + l2 * np.eye(n), targets)
+    return w, mean, std
+
+
+def _with_bias(x: np.ndarray) -> np.ndarray:
+    return np.concatenate([x, np.full((len(x), 1), FEWSHOT_BIAS)], axis=1)
 
 
 def knn_accuracy(train_x, train_y, test_x, test_y, *, k: int = 20, temperature: float = 0.07,
