@@ -124,12 +124,26 @@ class PretrainedSource:
     tokenizer_name: str | None = None  # open_clip's hf_tokenizer_name, for messages
 
 
-def read_source(path_or_name: str | os.PathLike, *,
-                pretrained: str | None = None) -> PretrainedSource:
-    """The :class:`PretrainedSource` of a converted directory, a trainer workdir, or an
-    open_clip hub directory / cache / model name (module docstring); a :class:`ConfigError`
-    saying what was looked for otherwise."""
+def read_source(path_or_name: str | os.PathLike, *, pretrained: str | None = None,
+                step: int | None = None) -> PretrainedSource:
+    """The :class:`PretrainedSource` of a converted directory, a trainer workdir (its latest
+    usable checkpoint, or ``step``), a big_vision SigLIP ``.npz`` file, or an open_clip hub
+    directory / cache / model name (module docstring); a :class:`ConfigError` saying what was
+    looked for otherwise."""
     path = os.fspath(path_or_name)
+    if step is not None and not (os.path.isdir(os.path.join(path, "checkpoints"))
+                                 and os.path.isfile(os.path.join(path, "config.json"))):
+        raise ConfigError(f"step={step} names a checkpoint of a trainer workdir; {path} is not "
+                          "one (config.json + checkpoints/): drop the step")
+    if path.endswith(".npz") and os.path.isfile(path):
+        from contrastive_jax.training.models.converters.big_vision_import import (
+            convert_npz,
+            npz_preprocess,
+        )
+
+        model, params = convert_npz(path)
+        return PretrainedSource(model, params, npz_preprocess(model),
+                                {"kind": "sentencepiece_open_clip"}, f"big_vision {path}")
     converted = os.path.isfile(os.path.join(path, "model.json")) and \
         os.path.isdir(os.path.join(path, "params"))
     workdir = os.path.isdir(os.path.join(path, "checkpoints")) and \
@@ -148,7 +162,7 @@ def read_source(path_or_name: str | os.PathLike, *,
         preprocess, tokenizer = converted_extras(path)
         return PretrainedSource(model, params, preprocess, tokenizer, f"converted {path}")
     if workdir:
-        return _workdir(path)
+        return _workdir(path, step)
     from contrastive_jax.training.models.converters.clip_import import convert_open_clip
 
     converted = convert_open_clip(path, pretrained=pretrained)
@@ -157,8 +171,9 @@ def read_source(path_or_name: str | os.PathLike, *,
                             converted.tokenizer_name)
 
 
-def _workdir(path: str) -> PretrainedSource:
-    """A trainer workdir's latest usable parameters and its config's pixels and tokenizer."""
+def _workdir(path: str, step: int | None = None) -> PretrainedSource:
+    """A trainer workdir's latest usable parameters (or ``step``'s) and its config's pixels and
+    tokenizer."""
     import json
 
     from contrastive_jax.training.models.converters.open_clip_export import nested
@@ -167,7 +182,7 @@ def _workdir(path: str) -> PretrainedSource:
     from contrastive_jax.training.run.init_from import read
     from contrastive_jax.training.run.workdir.config_record import upgrade
 
-    stored = read(path)
+    stored = read(path, step=step)
     with open(os.path.join(path, "config.json")) as f:
         config = upgrade(json.load(f))
     model = dict(config.get("model", {}))
@@ -262,7 +277,7 @@ def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str 
 def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None = None,
                     tokenizer: str | os.PathLike | bool | None = None,
                     dtype: str = "float32", image_size: int | None = None,
-                    max_tokens: int | None = None):
+                    max_tokens: int | None = None, step: int | None = None):
     """``(model, preprocess, tokenizer)`` of a converted directory, a trainer workdir, an
     open_clip hub directory or cache, or an open_clip model name (module docstring).
 
@@ -276,9 +291,13 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
     ``image_size`` / ``max_tokens``: another input size than the source's ([CLIPA]; open_clip's
     ``force_image_size``): the ViT's position table resampled bicubically to the new patch grid
     and the preprocess resizing to it, the text table truncated to the shorter context (a
-    longer one is refused); docs/pretrained.md, "Another image size or context".
+    longer one is refused); docs/pretrained.md, "Another image size or context". ``step``: a
+    trainer workdir's checkpoint of that step (default: the latest usable). A big_vision
+    SigLIP ``.npz`` file is converted in memory
+    (:func:`~contrastive_jax.training.models.converters.big_vision_import.convert_npz`; its
+    tokenizer: ``tokenizer=`` the SigLIP ``spiece.model``).
     """
-    source = read_source(path_or_name, pretrained=pretrained)
+    source = read_source(path_or_name, pretrained=pretrained, step=step)
     if image_size is not None or max_tokens is not None:
         from contrastive_jax.training.models.position_resampling import resized_model
 

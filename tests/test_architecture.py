@@ -8,7 +8,8 @@ Layers, lowest first (docs/architecture.md):
 3. ``contrastive_jax.training``: methods, models, data, optimisers, checkpoints, the loop,
    evaluation; and ``contrastive_jax.command_line`` (the commands' flags, help and errors, on
    absl);
-4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``: the command lines.
+4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``,
+   ``contrastive_jax.evaluate``: the command lines.
 
 Experiment helpers live in ``experiments/common``, outside the package. Inside layer 3, the
 rooms of ``contrastive_jax.training`` (methods, models, step, run, ...) import each other only as
@@ -28,7 +29,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("contrastive_jax.training", 3), ("contrastive_jax.command_line", 3),
     ("contrastive_jax.main", 4), ("contrastive_jax.plan", 4), ("contrastive_jax.plan_search", 4),
     ("contrastive_jax.demo", 4), ("contrastive_jax.pretrained", 4),
-    ("contrastive_jax.clip_export", 4),
+    ("contrastive_jax.clip_export", 4), ("contrastive_jax.evaluate", 4),
 ]
 # What the losses layer may import from outside the standard library.
 LOSSES_THIRD_PARTY = {"jax", "jaxlib", "numpy"}

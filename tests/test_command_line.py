@@ -26,7 +26,8 @@ CONVERTED = ["contrastive_jax.training.data.prepare",
              "contrastive_jax.training.models.converters.clip_import",
              "contrastive_jax.training.models.converters.big_vision_import",
              "contrastive_jax.clip_export",
-             "contrastive_jax.demo"]
+             "contrastive_jax.demo",
+             "contrastive_jax.evaluate"]
 COMMANDS = ["contrastive_jax.main", "contrastive_jax.plan", *CONVERTED]
 RST = ("``", ":func:", ":mod:", ":class:", ":data:", "::", "**")
 
@@ -38,7 +39,7 @@ def test_every_command_module_imports_with_the_others_in_one_process():
     own = [m.FLAGS for m in modules if m.__name__ in CONVERTED]
     assert len({id(f) for f in own}) == len(CONVERTED) and flags.FLAGS not in own
     names = [set(command_line.defined_flags(f)) for f in own]
-    assert sum("data_dir" in n for n in names) == 3 and sum("output" in n for n in names) == 4
+    assert sum("data_dir" in n for n in names) == 4 and sum("output" in n for n in names) == 5
     assert not {"data_dir", "output", "checkpoint", "batch"} & set(flags.FLAGS)
     assert {"config", "workdir"} <= set(flags.FLAGS)  # main's, shared with plan
 

@@ -1,0 +1,233 @@
+"""``python -m contrastive_jax.evaluate``: every task kind end to end on TFDS datasets built
+here (a classification set whose ClassLabel has names; a caption set with 5 captions per image,
+one image with 3) and a tiny converted CLIP (the open_clip parity fixture, a word tokenizer),
+against references computed from the model's own ``load_pretrained`` pieces with the slow
+metrics of tests/test_benchmark_metrics.py; bad input exits 2 with one line, and a failing task
+keeps the others' results.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from test_benchmark_metrics import reference_caption_recall, reference_classification
+from test_clip_import import EXACT, HEADS
+
+from contrastive_jax import evaluate
+from contrastive_jax.pretrained import load_pretrained
+from contrastive_jax.training.evaluation.probes import fewshot_probe, linear_probe_logits
+from contrastive_jax.training.evaluation.task_runner import LINEAR_L2_GRID
+from contrastive_jax.training.models.converters import clip_import, converted_directory
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::contrastive_jax.training.models.converters.clip_state_dict.AssumptionWarning")
+SHAPES = ("red square", "blue circle", "green triangle")
+WORDS = ["<pad>", "<unk>", "<bos>", "<eos>", "a", "photo", "of", "the", "shape", "red", "blue",
+         "green", "square", "circle", "triangle", "small", "big", "on", "white", "black",
+         "picture", "with", "and", "one", "two"]
+CAPTION_COUNTS = (5, 5, 5, 3, 5, 5, 5, 5, 5, 5)
+BATCH = 8
+
+
+def _image(rng, label: int, size=(20, 26)):
+    from PIL import Image
+
+    base = np.zeros((*size, 3), np.uint8)
+    base[..., label] = 200
+    noise = rng.integers(0, 56, size=(*size, 3), dtype=np.uint8)
+    return Image.fromarray(base + noise)
+
+
+def build_datasets(data_dir: pathlib.Path) -> None:
+    """``mock_shapes`` (train 30, test 12; image, label with SHAPES' names) and
+    ``mock_captions`` (test: 10 images, CAPTION_COUNTS captions each) as array_record."""
+    with tfds.core.registered.skip_registration():
+        class MockShapes(tfds.core.GeneratorBasedBuilder):
+            VERSION = tfds.core.Version("1.0.0")
+
+            def _info(self):
+                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
+                    "label": tfds.features.ClassLabel(names=list(SHAPES))}))
+
+            def _split_generators(self, dl_manager):
+                return {"train": self._generate_examples(30, 0),
+                        "test": self._generate_examples(12, 1)}
+
+            def _generate_examples(self, n, seed):
+                rng = np.random.default_rng(seed)
+                for i in range(n):
+                    label = int(rng.integers(0, 3))
+                    yield i, {"image": _image(rng, label), "label": label}
+
+        class MockCaptions(tfds.core.GeneratorBasedBuilder):
+            VERSION = tfds.core.Version("1.0.0")
+
+            def _info(self):
+                return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="png"),
+                    "captions": tfds.features.Sequence({"text": tfds.features.Text()})}))
+
+            def _split_generators(self, dl_manager):
+                return {"test": self._generate_examples()}
+
+            def _generate_examples(self):
+                rng = np.random.default_rng(2)
+                for i, count in enumerate(CAPTION_COUNTS):
+                    label = i % 3
+                    texts = [" ".join(rng.choice(WORDS[4:], size=4)) + " " + SHAPES[label]
+                             for _ in range(count)]
+                    yield i, {"image": _image(rng, label), "captions": {"text": texts}}
+
+        for builder in (MockShapes, MockCaptions):
+            builder(data_dir=str(data_dir), file_format="array_record").download_and_prepare()
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evaluate")
+    build_datasets(root / "data")
+    vocab = root / "words.txt"
+    vocab.write_text("\n".join(WORDS) + "\n")
+    config, params = clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
+    pixels = {"mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
+              "resize": "bicubic", "image_size": 16}
+    converted_directory.save_converted(root / "model", config, params, preprocess=pixels,
+                                       tokenizer={"kind": "words", "path": str(vocab)})
+    converted_directory.save_converted(root / "no_tokenizer", config, params,
+                                       preprocess=pixels)
+    names = root / "names.json"
+    names.write_text(json.dumps({"mock_shapes": {"templates": ["a photo of a {}.",
+                                                               "the {} shape."]}}))
+    return root
+
+
+def reference_features(root, dataset, split):
+    """Sample embeddings by load_pretrained's preprocess and model, in padded batches of
+    BATCH (the command's batch), and the examples as TFDS reads them."""
+    import jax
+    from flax import nnx
+
+    model, preprocess, tokenizer = load_pretrained(root / "model")
+    builder = tfds.builder_from_directory(root / "data" / dataset / "1.0.0")
+    examples = list(builder.as_data_source(
+        split=split, decoders={"image": tfds.decode.SkipDecoding()}))
+    pixels = preprocess([e["image"] for e in examples])
+    pad = -len(pixels) % BATCH
+    pixels = np.concatenate([pixels, np.zeros((pad, *pixels.shape[1:]), np.float32)])
+    graphdef, state = nnx.split(model)
+    embed = jax.jit(lambda s, x: nnx.merge(graphdef, s).embed_samples(x))
+    feats = np.concatenate([np.asarray(embed(state, pixels[i:i + BATCH]))
+                            for i in range(0, len(pixels), BATCH)])[:len(examples)]
+    return feats, examples, model, tokenizer
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_every_task_kind_through_the_command_equals_the_reference(setting, capsys):
+    root = setting
+    out = root / "out"
+    tasks = "zeroshot/mock_shapes,linear/mock_shapes,fewshot/mock_shapes,retrieval/mock_captions"
+    status = evaluate.main([f"--model={root / 'model'}", f"--tasks={tasks}",
+                            f"--data_dir={root / 'data'}", f"--output={out}", "--split=test",
+                            f"--class_names={root / 'names.json'}", f"--batch_size={BATCH}"])
+    printed, progress = capsys.readouterr()
+    assert status == 0, progress
+    record = json.loads((out / "results.json").read_text())
+    assert list(record["tasks"]) == tasks.split(",")
+    assert all(t["status"] == "ok" for t in record["tasks"].values())
+    assert "zeroshot/mock_shapes test images  12/12 (100%)" in progress
+    assert "retrieval/mock_captions captions  48/48 (100%)" in progress
+    assert "| retrieval/mock_captions | test | mean_r1 |" in printed
+    assert (out / "results.md").read_text() in printed
+    assert record["provenance"]["jax"] and record["preprocess"]["image_size"] == 16
+
+    test_x, test_examples, model, tokenizer = reference_features(root, "mock_shapes", "test")
+    labels = np.array([e["label"] for e in test_examples])
+    # zero-shot: the TFDS names in both templates, each prompt by the model's own tokenizer
+    templates = ("a photo of a {}.", "the {} shape.")
+    prompts = [t.format(n) for n in SHAPES for t in templates]
+    texts = np.asarray(model.embed_texts(tokenizer(prompts))).reshape(3, 2, -1)
+    weights = unit(unit(texts).mean(axis=1))
+    want, _ = reference_classification(unit(test_x) @ weights.T, labels, (1, 5))
+    zeroshot = record["tasks"]["zeroshot/mock_shapes"]
+    assert zeroshot["metrics"] == pytest.approx(want, abs=1e-9)
+    assert (zeroshot["classes"], zeroshot["templates"], zeroshot["examples"]) == (3, 2, 12)
+    # the probes on the training split's features
+    train_x, train_examples, _, _ = reference_features(root, "mock_shapes", "train")
+    train_y = np.array([e["label"] for e in train_examples])
+    logits, l2, _ = linear_probe_logits(train_x, train_y, test_x, labels, num_classes=3,
+                                        l2_grid=LINEAR_L2_GRID)
+    want, _ = reference_classification(logits, labels, (1, 5))
+    linear = record["tasks"]["linear/mock_shapes"]["metrics"]
+    assert linear == pytest.approx({**want, "l2": l2}, abs=1e-6)
+    fewshot = record["tasks"]["fewshot/mock_shapes"]["metrics"]
+    assert fewshot == pytest.approx(fewshot_probe(train_x, train_y, test_x, labels,
+                                                  num_classes=3), abs=1e-9)
+    assert set(fewshot) >= {"1shot", "5shot", "10shot", "25shot", "10shot_seed2"}
+    # retrieval: every caption of an image is its match
+    images, examples, _, _ = reference_features(root, "mock_captions", "test")
+    captions = [[c.decode() for c in e["captions"]["text"]] for e in examples]
+    owner = np.concatenate([[i] * len(c) for i, c in enumerate(captions)])
+    caption_x = np.asarray(model.embed_texts(tokenizer([c for cs in captions for c in cs])))
+    want = reference_caption_recall(images, caption_x, owner, (1, 5, 10))
+    retrieval = record["tasks"]["retrieval/mock_captions"]
+    assert retrieval["metrics"] == pytest.approx(want, abs=1e-9)
+    assert (retrieval["examples"], retrieval["captions"]) == (10, 48)
+    rows = (out / "results.csv").read_text().splitlines()
+    assert rows[0] == "task,kind,dataset,metric,value"
+    assert f"retrieval/mock_captions,retrieval,mock_captions,mean_r1,{want['mean_r1']!r}" in rows
+
+
+def run_command(args, capsys):
+    status = evaluate.main(args)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_bad_input_exits_2_with_one_line_and_a_failing_task_keeps_the_others(setting, capsys):
+    root = setting
+    base = [f"--model={root / 'model'}", f"--data_dir={root / 'data'}"]
+    status, _, err = run_command([*base, "--tasks=zeroshort/cifar10",
+                                  f"--output={root / 'bad1'}"], capsys)
+    assert status == 2 and err.count("\n") == 1 and "KIND one of ['zeroshot'" in err
+    status, _, err = run_command([*base, "--tasks=zeroshot/mock_shapes",
+                                  f"--output={root / 'bad2'}"], capsys)
+    assert status == 2 and "not in the task table" in err and "--split" in err
+    assert not (root / "bad1").exists() and not (root / "bad2").exists()  # nothing ran
+    # class names of the wrong count fail that task; a missing split fails another; the
+    # linear probe still runs and is written
+    wrong = root / "wrong.json"
+    wrong.write_text(json.dumps({"mock_shapes": {"class_names": ["red", "blue"]}}))
+    status, _, err = run_command([*base, "--split=test", f"--class_names={wrong}",
+                                  "--tasks=zeroshot/mock_shapes,linear/mock_shapes,"
+                                  "retrieval/mock_captions", "--train_split=validation",
+                                  f"--output={root / 'partial'}"], capsys)
+    record = json.loads((root / "partial" / "results.json").read_text())
+    assert status == 2
+    tasks = record["tasks"]
+    assert tasks["zeroshot/mock_shapes"]["status"] == "failed"
+    assert "2 class names for the 3 classes" in tasks["zeroshot/mock_shapes"]["error"]
+    assert "no split 'validation'" in tasks["linear/mock_shapes"]["error"]
+    assert tasks["retrieval/mock_captions"]["status"] == "ok"
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 3, err
+    assert lines[0].startswith("error: zeroshot/mock_shapes: 2 class names for the 3 classes")
+    assert lines[-1].startswith("error: 2 of 3 tasks failed (zeroshot/mock_shapes, "
+                                "linear/mock_shapes")
+    # a source without a tokenizer: text tasks say what to pass; image tasks need none
+    status, _, err = run_command([f"--model={root / 'no_tokenizer'}",
+                                  f"--data_dir={root / 'data'}", "--split=test",
+                                  "--tasks=zeroshot/mock_shapes", f"--output={root / 'nt'}"],
+                                 capsys)
+    assert status == 2 and "pass tokenizer=PATH" in err and "image tasks run" in err
+    status, printed, err = run_command([f"--model={root / 'no_tokenizer'}",
+                                        f"--data_dir={root / 'data'}", "--split=test",
+                                        "--tasks=fewshot/mock_shapes", f"--output={root / 'fs'}"],
+                                       capsys)
+    assert status == 0, err
+    assert "| fewshot/mock_shapes | test | 10shot |" in printed
