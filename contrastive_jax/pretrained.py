@@ -141,7 +141,15 @@ def read_source(path_or_name: str | os.PathLike, *, pretrained: str | None = Non
             npz_preprocess,
         )
 
-        model, params = convert_npz(path)
+        try:
+            model, params = convert_npz(path)
+        except ConfigError as err:
+            if "_heads" not in str(err):
+                raise
+            raise ConfigError(f"{path}: {err}; convert it with its heads first: python -m "
+                              "contrastive_jax.training.models.converters.big_vision_import "
+                              f"--checkpoint={path} --vision_heads=N --text_heads=N "
+                              "--output=DIR, then load DIR") from None
         return PretrainedSource(model, params, npz_preprocess(model),
                                 {"kind": "sentencepiece_open_clip"}, f"big_vision {path}")
     converted = os.path.isfile(os.path.join(path, "model.json")) and \

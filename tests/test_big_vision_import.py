@@ -419,3 +419,26 @@ def test_command_line_writes_a_directory_that_reads_back(tmp_path, capsys):
     assert big_vision_import.main([f"--checkpoint={CHECKPOINT}", f"--output={tmp_path / 'y'}",
                                    "--activation=quick_gelu"]) == 2
     assert "activation" in capsys.readouterr().err
+
+
+def test_load_pretrained_reads_an_npz_as_the_importer_converts_it(monkeypatch):
+    """``load_pretrained(FILE.npz)``: the importer's parameters, big_vision's preprocessing and
+    SigLIP's tokenizer kind; a width of no variant (the fixture's) names the command that sets
+    the heads."""
+    from contrastive_jax.pretrained import load_pretrained, read_source
+
+    with pytest.raises(ConfigError, match=r"vision width 16 is none.*big_vision_import "
+                                          r"--checkpoint=.*--vision_heads=N"):
+        load_pretrained(CHECKPOINT, tokenizer=False)
+    monkeypatch.setitem(big_vision_import.VARIANTS, "fixture", (16, 1, 64, 2))  # image width
+    monkeypatch.setitem(big_vision_import.VARIANTS, "fixture_text", (12, 1, 48, 2))
+    with pytest.warns(UserWarning, match="heads = 2 assumed from the width 16"):
+        source = read_source(str(CHECKPOINT))
+    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
+    assert source.model == config and source.tokenizer == {"kind": "sentencepiece_open_clip"}
+    assert jax.tree.all(jax.tree.map(lambda a, b: np.array_equal(a, b), source.params, params))
+    assert source.preprocess == big_vision_import.npz_preprocess(config)
+    with pytest.warns(UserWarning):
+        _, preprocess, tokenizer = load_pretrained(CHECKPOINT, tokenizer=False)
+    assert tokenizer is None and preprocess.resize_mode == "squash"
+    assert preprocess.mean == preprocess.std == (0.5, 0.5, 0.5)

@@ -110,9 +110,10 @@ def test_bfloat16_compute_and_bad_preprocessing_settings(converted_exact):
 
 
 def test_a_trainer_workdir_gives_its_model_and_tokenizer(tmp_path):
-    """A CLIP run on MNIST-1D and digit captions (2 steps): the model holds the checkpoint's
-    parameters bit for bit, the tokenizer is the run's (the digit-caption words), there is no
-    image preprocessing (the samples are signals); other models are refused."""
+    """A CLIP run on MNIST-1D and digit captions (2 steps): the model holds the latest
+    checkpoint's parameters bit for bit (``step=1``: the first's), the tokenizer is the run's
+    (the digit-caption words), there is no image preprocessing (the samples are signals);
+    other models are refused."""
     import jax
     from test_pretrained import clip_quick
 
@@ -120,16 +121,24 @@ def test_a_trainer_workdir_gives_its_model_and_tokenizer(tmp_path):
     from contrastive_jax.training.train import train_and_evaluate
 
     config = clip_quick()
-    config.total_steps, config.checkpoint_every = 2, 2
+    config.total_steps, config.checkpoint_every = 2, 1
     train_and_evaluate(config, str(tmp_path / "run"))
     model, preprocess, tokenizer = load_pretrained(tmp_path / "run")
     assert preprocess is None
-    stored = read(tmp_path / "run").params
-    loaded = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-              for path, leaf in jax.tree_util.tree_leaves_with_path(
-                  nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
-    assert sorted(loaded) == sorted(stored)
-    assert all(loaded[k].tobytes() == stored[k].tobytes() for k in stored)
+
+    def flat(model):
+        return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
+                for path, leaf in jax.tree_util.tree_leaves_with_path(
+                    nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
+
+    for step, loaded in ((2, flat(model)),  # the latest, and step=1 on request
+                         (1, flat(load_pretrained(tmp_path / "run", step=1)[0]))):
+        stored = read(tmp_path / "run", step=step).params
+        assert sorted(loaded) == sorted(stored)
+        assert all(loaded[k].tobytes() == stored[k].tobytes() for k in stored)
+    assert any(flat(model)[k].tobytes() != v.tobytes() for k, v in loaded.items())
+    with pytest.raises(ConfigError, match=r"is not one .*drop the step"):
+        load_pretrained(tmp_path, step=1)
     ids = tokenizer(["a signal of the digit three"])
     assert ids.shape == (1, config.model.text_encoder.max_tokens)
     words = load_tokenizer({"kind": "words", "path": ""})

@@ -6,12 +6,14 @@ coco_captions``, :mod:`contrastive_jax.training.data.mock_datasets`): the real b
 features and splits, ``tfds.testing``'s random examples.
 """
 
+import json
 import math
 
 import numpy as np
 import pytest
 from test_train import load_config
 
+from contrastive_jax import evaluate
 from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
 from contrastive_jax.training import train
 from contrastive_jax.training.data import build_tokenizer
@@ -118,19 +120,47 @@ def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys
     without labels, so a periodic evaluation has no probe to report; it stopped with a
     KeyError before) and the final one; then FLIP's unmasked tuning phase: the same workdir
     with ``patch_dropout = 0`` and one more step stops at start naming the change (with
-    ``accept_config_change`` a changed config resumes: tests/test_config_record.py)."""
+    ``accept_config_change`` a changed config resumes: tests/test_config_record.py). Each
+    evaluation also runs the benchmark task ``retrieval/coco_captions`` (``evaluation.tasks``),
+    logged and in results.json, equal to ``python -m contrastive_jax.evaluate`` on the
+    workdir."""
     data_dir, model = mock_coco
     config = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},patch_dropout=0.5")
     assert config.loss.strategy == "ring" and config.data.name == "coco_captions"
     config.data.data_dir = data_dir
     config.total_steps, config.evaluation.every = 2, 1
+    # the benchmark task of the evaluation command, on coco_captions' val split (16 images)
+    config.evaluation.tasks = ("retrieval/coco_captions",)
+    config.evaluation.task_overrides.test_split = "val"
+    # float32 compute: the comparison with the command below is exact (bfloat16 rounds the
+    # FSDP-sharded and the single-device text tower differently, and a near-tie of the barely
+    # trained model can flip; the other template runs keep bfloat16)
+    config.model.dtype = "float32"
     results = train.train_and_evaluate(config, str(tmp_path / "run"))
     out = capsys.readouterr().out
-    assert "evaluating at step 1: alignment and uniformity, retrieval..." in out
+    assert "evaluating at step 1: alignment and uniformity, retrieval, tasks " \
+           "retrieval/coco_captions..." in out
     assert "eval at step 1: alignment " in out and "x_to_y_r1 " in out
+    assert "retrieval/coco_captions/mean_r1 " in out and "/mean_r5" not in out  # main only
     (periodic, final) = results["evaluations"]
     assert periodic["step"] == 1 and "linear_probe" not in periodic and "x_to_y_r1" in periodic
     assert final["step"] == 2
+    task_keys = [k for k in results if k.startswith("retrieval/coco_captions/")]
+    assert task_keys[0] == "retrieval/coco_captions/mean_r1" and len(task_keys) == 9
+    assert all(k in periodic for k in task_keys)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    evals = [row for row in logged if row["prefix"] == "eval"]  # TensorBoard: eval/<key>
+    assert [row["step"] for row in evals] == [1, 2]
+    assert evals[-1]["retrieval/coco_captions/mean_r1"] == results[task_keys[0]]
+    # the same numbers as the evaluation command on the run's workdir (one device, no mesh)
+    assert evaluate.main([f"--model={tmp_path / 'run'}", "--tasks=retrieval/coco_captions",
+                          f"--data_dir={data_dir}", "--split=val",
+                          f"--output={tmp_path / 'evaluated'}"]) == 0
+    record = json.loads((tmp_path / "evaluated" / "results.json").read_text())
+    command = record["tasks"]["retrieval/coco_captions"]["metrics"]
+    assert {k: results[f"retrieval/coco_captions/{k}"] for k in command} == \
+        pytest.approx(command, abs=1e-9)
+    assert record["tasks"]["retrieval/coco_captions"]["examples"] == MOCK_SPLITS["val"]
     assert results["steps"] == 2 and results["devices"] == 8
     assert np.isfinite(results["final_train_metrics"]["loss"])
     # captions without labels: retrieval and geometry, no probe

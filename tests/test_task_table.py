@@ -107,3 +107,33 @@ def test_every_shipped_task_resolves_with_templates_that_format():
             assert task.class_names == tuple(NAMES[task.dataset]["class_names"])
     with open(task_table.CLASS_NAMES) as f:
         assert "openai/CLIP" in json.load(f)["_source"]
+
+
+def test_training_runs_name_tasks_in_their_config_and_bad_names_stop_the_start(tmp_path):
+    from test_train import load_config
+
+    from contrastive_jax.errors import ConfigError
+    from contrastive_jax.training import train
+    from contrastive_jax.training.config import base_config
+    from contrastive_jax.training.evaluation.run_evaluation import TASK_FIELDS, check_tasks
+    from contrastive_jax.training.run.workdir.config_record import ADDED_FIELDS
+
+    ev = base_config().evaluation
+    assert set(ev.task_overrides) == set(task_table.OVERRIDES)
+    for field in (*TASK_FIELDS, "task_overrides"):  # old records read as "no tasks"
+        assert ADDED_FIELDS[("evaluation", field)] == (
+            ev[field].to_dict() if field == "task_overrides" else ev[field])
+    config = load_config("clip_mnist1d.py")
+    assert check_tasks(config) == []
+    config.evaluation.tasks = ("zeroshot/cifar10", "linear/my_set")
+    config.evaluation.task_overrides.test_split = "test"
+    assert [(t.name, t.test_split) for t in check_tasks(config)] == [
+        ("zeroshot/cifar10", "test"), ("linear/my_set", "test")]
+    config.evaluation.task_overrides.test_split = ""
+    with pytest.raises(ConfigError, match=r"evaluation.tasks: dataset 'my_set'.*not in the task"):
+        train.prepare_run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    config.evaluation.enabled = False  # no evaluation: the tasks are not read
+    config.evaluation.tasks = ("zeroshort/cifar10",)
+    with pytest.raises(ConfigError, match=r"evaluation.tasks: task 'zeroshort/cifar10' is not"):
+        check_tasks(config)

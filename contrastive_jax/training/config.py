@@ -106,7 +106,16 @@ def base_config() -> ml_collections.ConfigDict:
                            "label_key": "label", "batch_size": 0},  # 0: data.eval_batch_size
                        # dual encoders: retrieval counts a candidate as correct when this batch
                        # feature equals the query's ("caption_id", "label"); "" = its own pair
-                       "retrieval_match": ""},
+                       "retrieval_match": "",
+                       # benchmark tasks ("zeroshot/cifar10", "retrieval/coco_captions", ...:
+                       # docs/evaluation.md) at each evaluation, on TFDS sets in tasks_data_dir
+                       # ("": data.data_dir), batches of tasks_batch_size (0:
+                       # data.eval_batch_size), class names from tasks_class_names ("": shipped),
+                       # task_overrides for every task ("": the task table's value)
+                       "tasks": (), "tasks_data_dir": "", "tasks_batch_size": 0,
+                       "tasks_class_names": "", "task_overrides": {
+                           "test_split": "", "train_split": "", "image_key": "",
+                           "label_key": "", "caption_key": ""}},
         "mesh": {"data": -1},
         # where the train state lives: "replicated" | "fsdp" (split over fsdp_axis), with
         # exceptions by regex (contrastive_jax.training.step.state_sharding)

@@ -55,7 +55,7 @@ from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
-from contrastive_jax.training.evaluation.run_evaluation import evaluate
+from contrastive_jax.training.evaluation.run_evaluation import check_tasks, evaluate
 from contrastive_jax.training.methods import Method, method_for
 from contrastive_jax.training.run import checkpoints, init_from, pretrained_pixels, profiling
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
@@ -146,6 +146,8 @@ def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     """
     start = time.perf_counter()
     method = method_for(config) if method is None else method
+    if config.evaluation.enabled:
+        check_tasks(config)
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     accumulation = check_batch(config, mesh)
     source = open_split(config.data.name, config.data.train_split,

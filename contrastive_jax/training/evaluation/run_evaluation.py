@@ -8,8 +8,10 @@ scores of its features and embeddings (:func:`evaluate`, after and during traini
 - :func:`prompt_embeddings`: text-tower embeddings of every class prompt (zero-shot);
 - :func:`class_name_zero_shot`: zero-shot top-1/top-5 with class names and prompt templates
   (``evaluation.zero_shot``) on any TFDS image dataset's split;
-- :func:`evaluate`: linear probe, kNN, alignment, uniformity, retrieval and zero-shot
-  (the scores themselves: :mod:`contrastive_jax.training.evaluation`).
+- :func:`run_task_model` / :func:`benchmark_tasks`: the benchmark tasks of
+  ``evaluation.tasks`` (the evaluation command's tasks, docs/evaluation.md) on the run's model;
+- :func:`evaluate`: linear probe, kNN, alignment, uniformity, retrieval, zero-shot and the
+  benchmark tasks (the scores themselves: :mod:`contrastive_jax.training.evaluation`).
 
 The jitted inference functions are built once per model, so periodic evaluations reuse their
 compilations.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +43,13 @@ from contrastive_jax.training.augmentations.pixels import (
     unit_range,
 )
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data.image_crops import evaluation_image
+from contrastive_jax.training.data.image_crops import evaluation_image, open_image
 from contrastive_jax.training.data.pipeline import standard_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
+from contrastive_jax.training.evaluation.task_runner import TEXT_CHUNK, TaskModel, run_task
+from contrastive_jax.training.evaluation.task_table import resolve_tasks
 from contrastive_jax.training.models.scanned_layers import batch_sharded
 
 
@@ -282,6 +288,113 @@ def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
                                             if "top5" in scores else {})}
 
 
+TASK_FIELDS = ("tasks", "tasks_data_dir", "tasks_batch_size", "tasks_class_names")
+
+
+def run_task_model(graphdef, state, config, mesh) -> TaskModel:
+    """The run's model as a benchmark-task model
+    (:class:`~contrastive_jax.training.evaluation.task_runner.TaskModel`).
+
+    Images: with the ``image_text`` preprocessing, the evaluation crop of
+    ``data.preprocess`` (``image_size``, ``resize``, ``resize_mode``; decoded in full, as in
+    :func:`zero_shot_samples`), otherwise the image as stored (the standard preprocessing: the
+    dataset's images must have the model's input size); then on the device the run's own
+    normalisation and, for a dual encoder, ``embed_samples`` (the embedding its loss
+    compares), else the encoder features (as the run's linear probe). Batches of
+    ``evaluation.tasks_batch_size`` (0: ``data.eval_batch_size``), split over the mesh's data
+    axis, every process's rows gathered. Texts: the run's tokenizer (:func:`run_tokenizer`)
+    and ``embed_texts``, ``TEXT_CHUNK`` a call; ``None`` without a text tower.
+    """
+    ev, pre = config.evaluation, config.data.get("preprocess", {})
+    size = ev.get("tasks_batch_size", 0) or config.data.eval_batch_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"evaluation.tasks_batch_size must be a positive integer (0: "
+                          f"data.eval_batch_size); got {size!r}")
+    if pre.get("name", "standard") == "image_text":
+        crop = functools.partial(evaluation_image, size=pre.get("image_size", 224),
+                                 resize=pre.get("resize", "bicubic"),
+                                 resize_mode=pre.get("resize_mode", "shortest"),
+                                 reduced_decode=False)
+    else:
+        def crop(image):
+            return np.asarray(open_image(image)) if isinstance(image, bytes | np.bytes_) \
+                else np.asarray(image)
+    model = nnx.merge(graphdef, state.params, state.rest)
+    dual = hasattr(model, "embed_texts")
+    embed = _sample_embedder(graphdef, pixel_normalization(pre), mesh) if dual else \
+        _inference_for(graphdef, config, mesh)[0]
+
+    def embed_images(batch) -> dict[str, np.ndarray]:
+        batch = global_batch(dict(batch), mesh)
+        names = [k for k in batch if k not in ("image", "mask")]
+        rows = _gathered((embed(state.params, state.rest, batch["image"]),
+                          *(batch[k] for k in names)), batch["mask"])
+        return dict(zip(["features", *names], rows, strict=True))
+
+    embed_texts = None
+    if dual:
+        tokenizer, max_tokens = run_tokenizer(config)
+        texts = _inference_for(graphdef, config)[2]
+
+        def embed_texts(strings) -> np.ndarray:
+            ids = tokenizer.encode(list(strings), max_tokens)
+            n = len(ids)
+            ids = np.concatenate([ids, np.repeat(ids[:1], -n % TEXT_CHUNK, axis=0)])
+            return np.concatenate([np.asarray(texts(state.params, state.rest,
+                                                    jnp.asarray(ids[i:i + TEXT_CHUNK])))
+                                   for i in range(0, len(ids), TEXT_CHUNK)])[:n]
+
+    return TaskModel(description=f"the {config.model.get('name', 'model')} of this run",
+                     crop=crop, embed_images=embed_images, embed_texts=embed_texts,
+                     batch_size=size)
+
+
+def benchmark_tasks(graphdef, state, config, mesh) -> dict[str, float]:
+    """``{"KIND/DATASET/METRIC": value}`` of every task of ``evaluation.tasks`` (each task's
+    main metric first), on ``evaluation.tasks_data_dir`` (``""``: ``data.data_dir``), with
+    ``evaluation.tasks_class_names`` (a class-names file, ``""``: the shipped ones) and
+    ``evaluation.task_overrides`` (the task table's splits and keys, for every task); the
+    evaluation command's tasks and metrics (docs/evaluation.md) on :func:`run_task_model`.
+    Progress lines on process 0's stderr. A task that fails stops the evaluation with its
+    ConfigError (the tasks are resolved when the run starts: :func:`check_tasks`)."""
+    ev = config.evaluation
+    tasks = check_tasks(config)
+    if not tasks:
+        return {}
+    model = run_task_model(graphdef, state, config, mesh)
+    data_dir = ev.get("tasks_data_dir") or config.data.get("data_dir") or None
+    out: dict[str, float] = {}
+    cache: dict = {}
+    with open(os.devnull, "w") if jax.process_index() else contextlib.nullcontext(
+            sys.stderr) as stream:
+        for task in tasks:
+            metrics = run_task(task, model, data_dir=data_dir, cache=cache,
+                               stream=stream)["metrics"]
+            for name in [task.main_metric, *(m for m in metrics if m != task.main_metric)]:
+                out[f"{task.name}/{name}"] = float(metrics[name])
+    return out
+
+
+def check_tasks(config) -> list:
+    """The :class:`~contrastive_jax.training.evaluation.task_table.Task` of each name in
+    ``evaluation.tasks`` (ConfigError for an unknown kind, dataset or field: checked when the
+    run starts, not at its first evaluation)."""
+    ev = config.evaluation
+    names = ev.get("tasks") or ()
+    if isinstance(names, str):
+        raise ConfigError(f"evaluation.tasks must be a tuple of task names; got the string "
+                          f"{names!r} (on the command line: "
+                          "--config.evaluation.tasks=\"('zeroshot/cifar10', 'linear/cifar10')\")")
+    if not names:
+        return []
+    try:
+        overrides = ev.get("task_overrides") or {}
+        return resolve_tasks(list(names), class_names_file=ev.get("tasks_class_names") or None,
+                             overrides=dict(overrides))
+    except ConfigError as err:
+        raise ConfigError(f"evaluation.tasks: {err}") from None
+
+
 def evaluate(graphdef, state, config, mesh) -> dict:
     """The trained model, in inference mode, on the evaluation split (probes fitted on the
     train split's features).
@@ -294,7 +407,8 @@ def evaluate(graphdef, state, config, mesh) -> dict:
     with ``evaluation.zero_shot_prompts`` set to a modality of
     :func:`contrastive_jax.training.data.text.captions.class_prompts`, zero-shot accuracy; or,
     with ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
-    templates (:func:`class_name_zero_shot`).
+    templates (:func:`class_name_zero_shot`). Then the benchmark tasks of ``evaluation.tasks``
+    (:func:`benchmark_tasks`: ``"zeroshot/cifar10/acc1"``, ...).
     """
     ev = config.evaluation
     class_names = ev.get("zero_shot", {}).get("class_names", "")
@@ -328,4 +442,5 @@ def evaluate(graphdef, state, config, mesh) -> dict:
             prompts = prompt_embeddings(graphdef, state, config, ev.zero_shot_prompts)
             results["zero_shot"] = evaluation.zero_shot_accuracy(pairs["x"], pairs["label"],
                                                                  prompts)
+    results.update(benchmark_tasks(graphdef, state, config, mesh))
     return results

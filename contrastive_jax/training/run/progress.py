@@ -386,15 +386,27 @@ def evaluation_names(config) -> str:
         if (config.evaluation.get("zero_shot_prompts")
                 or config.evaluation.get("zero_shot", {}).get("class_names")):
             names.append("zero-shot")
+    tasks = config.evaluation.get("tasks") or ()
+    if tasks:
+        names.append("tasks " + ", ".join(tasks))
     return ", ".join(names)
 
 
 def evaluation_summary(result: Mapping[str, float]) -> str:
     """``"linear_probe 0.9570, knn 0.9470, alignment ..."``: every score an evaluation
     returned (whichever it computed), for the console; the probe's regulariser and the
-    bookkeeping fields (``step``, ``wall_s``, ``train_s``) left out."""
+    bookkeeping fields (``step``, ``wall_s``, ``train_s``) left out; of a benchmark task's
+    ``KIND/DATASET/METRIC`` scores only the first (its main metric)."""
     skip = ("linear_probe_l2", "step", "wall_s", "train_s")
-    return ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k not in skip)
+    shown, tasks = [], set()
+    for k, v in result.items():
+        task = k.rpartition("/")[0]
+        if k in skip or task in tasks:
+            continue
+        if task:
+            tasks.add(task)
+        shown.append(f"{k} {v:.4f}")
+    return ", ".join(shown)
 
 
 def scale_settings(config) -> str:

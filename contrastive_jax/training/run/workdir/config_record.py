@@ -50,7 +50,12 @@ RECORD = "config.json"
 # fields records written before them lack (a path of keys): the value that reproduces them
 ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS,
                 ("transfer_guard",): "allow", ("log_model_flops",): True,
-                ("checkpoint_timeout_s",): 1200}
+                ("checkpoint_timeout_s",): 1200, ("evaluation", "tasks"): (),
+                ("evaluation", "tasks_data_dir"): "", ("evaluation", "tasks_batch_size"): 0,
+                ("evaluation", "tasks_class_names"): "",
+                ("evaluation", "task_overrides"): {
+                    "test_split": "", "train_split": "", "image_key": "", "label_key": "",
+                    "caption_key": ""}}
 FIXED_ON_RESUME = ("data.worker_count",)
 MAY_CHANGE = ("total_steps", "num_epochs", "log_every", "checkpoint_every", "keep_checkpoints",
               "checkpoint_timeout_s",
