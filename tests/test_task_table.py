@@ -133,7 +133,12 @@ def test_training_runs_name_tasks_in_their_config_and_bad_names_stop_the_start(t
     with pytest.raises(ConfigError, match=r"evaluation.tasks: dataset 'my_set'.*not in the task"):
         train.prepare_run(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    config.evaluation.enabled = False  # no evaluation: the tasks are not read
+    simclr = load_config("simclr_mnist1d.py")
+    simclr.evaluation.tasks = ("linear/cifar10", "zeroshot/cifar10")
+    with pytest.raises(ConfigError, match=r"\['zeroshot/cifar10'\] need a text tower"):
+        train.prepare_run(simclr, tmp_path / "simclr")
+    simclr.evaluation.tasks = ("linear/cifar10", "fewshot/cifar10")
+    assert [t.kind for t in check_tasks(simclr)] == ["linear", "fewshot"]
     config.evaluation.tasks = ("zeroshort/cifar10",)
     with pytest.raises(ConfigError, match=r"evaluation.tasks: task 'zeroshort/cifar10' is not"):
         check_tasks(config)

@@ -377,8 +377,9 @@ def benchmark_tasks(graphdef, state, config, mesh) -> dict[str, float]:
 
 def check_tasks(config) -> list:
     """The :class:`~contrastive_jax.training.evaluation.task_table.Task` of each name in
-    ``evaluation.tasks`` (ConfigError for an unknown kind, dataset or field: checked when the
-    run starts, not at its first evaluation)."""
+    ``evaluation.tasks`` (ConfigError for an unknown kind, dataset or field, or a text task on
+    a model without a text tower: checked when the run starts, not at its first
+    evaluation)."""
     ev = config.evaluation
     names = ev.get("tasks") or ()
     if isinstance(names, str):
@@ -389,10 +390,16 @@ def check_tasks(config) -> list:
         return []
     try:
         overrides = ev.get("task_overrides") or {}
-        return resolve_tasks(list(names), class_names_file=ev.get("tasks_class_names") or None,
-                             overrides=dict(overrides))
+        tasks = resolve_tasks(list(names), class_names_file=ev.get("tasks_class_names") or None,
+                              overrides=dict(overrides))
     except ConfigError as err:
         raise ConfigError(f"evaluation.tasks: {err}") from None
+    text = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
+    if text and config.model.get("name") != "dual_encoder":
+        raise ConfigError(f"evaluation.tasks: {text} need a text tower, and model.name = "
+                          f"{config.model.get('name')!r} has none; keep the linear/ and "
+                          "fewshot/ tasks")
+    return tasks
 
 
 def evaluate(graphdef, state, config, mesh) -> dict:
