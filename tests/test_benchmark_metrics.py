@@ -7,12 +7,16 @@
   of every query's candidates as the reference; chunk sizes down to one query);
 - big_vision's closed-form few-shot probe (the primal ridge solution in float64 as reference,
   its per-class seeded sampling);
-- the linear probe's logits (its accuracy is :func:`linear_probe`'s).
+- the linear probe: scikit-learn's ``LogisticRegression`` (the L-BFGS logistic regression CLIP's
+  paper used) fitted in float64 to convergence on the same standardised rows, for each L2
+  strength on the held-out split and for the chosen one on all training rows; the accuracy of
+  :func:`linear_probe` is its logits'.
 """
 
 import jax
 import numpy as np
 import pytest
+from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score
 
 from contrastive_jax.errors import InputError
@@ -165,3 +169,34 @@ def test_linear_probe_logits_give_the_probes_accuracy():
     probe = linear_probe(train_x, train_y, test_x, test_y, l2_grid=(1e-4, 1e-2))
     assert logits.shape == (30, 3) and l2 == probe["l2"] and held == probe["holdout_accuracy"]
     assert probe["accuracy"] == classification_metrics(logits, test_y)["acc1"] > 0.8
+
+
+def reference_logistic_logits(fit_x, fit_y, test_x, l2):
+    """scikit-learn's multinomial logistic regression in float64 (intercept unpenalised):
+    ``sum_i CE_i + ||W||^2 / (2C)`` is ``n`` times the probe's ``mean_i CE_i + l2 ||W||^2`` at
+    ``C = 1 / (2 n l2)``; features standardised by the fitted rows' mean and std (+ 1e-6)."""
+    mean, std = fit_x.mean(0), fit_x.std(0) + 1e-6
+    model = LogisticRegression(C=1 / (2 * len(fit_x) * l2), tol=1e-12, max_iter=100_000)
+    model.fit((fit_x - mean) / std, fit_y)
+    return model.decision_function((test_x - mean) / std)
+
+
+def test_linear_probe_is_scikit_learns_logistic_regression_on_the_held_out_choice():
+    rng = np.random.default_rng(4)
+    means = rng.normal(size=(3, 5))  # overlapping classes: the l2 choice matters
+    train_y, test_y = rng.integers(0, 3, 90), rng.integers(0, 3, 30)
+    train_x = means[train_y] + rng.normal(size=(90, 5))
+    test_x = means[test_y] + rng.normal(size=(30, 5))
+    grid = (1e-3, 1e-1)
+    logits, l2, held = linear_probe_logits(train_x, train_y, test_x, l2_grid=grid)
+    order = np.random.default_rng(0).permutation(90)  # the probe's seeded 20% held out
+    fit, out = order[:72], order[72:]
+    want = {g: float(np.mean(np.argmax(reference_logistic_logits(
+        train_x[fit], train_y[fit], train_x[out], g), 1) == train_y[out])) for g in grid}
+    assert held == want and l2 == max(grid, key=lambda g: (want[g], g)) == 0.1
+    reference = reference_logistic_logits(train_x, train_y, test_x, l2)
+
+    def centred(z):  # logits are defined up to a constant per row (softmax's shift)
+        return z - z.mean(1, keepdims=True)
+
+    np.testing.assert_allclose(centred(logits), centred(reference), atol=2e-4)
