@@ -5,8 +5,9 @@
 the data iterator) written before the package was rearranged into its current folders
 (``expected.json`` says which commit and command). Resumed by today's command line, the run
 must end with the same parameters, bit for bit, as the uninterrupted run did then. XLA:CPU
-compiles for the host's vector instructions, so the digest depends on whether the host has
-AVX-512 (the fixture's host had); ``expected.json`` records both and how each was obtained.
+compiles for the host's vector instructions, so the digest depends on the kind of host (AVX-512
+as the fixture's AMD EPYC, none, or AVX-512 FP16 as an Intel Sapphire Rapids); ``expected.json``
+records each and how it was obtained.
 
 The same run, compiled as a user's run is, also shows that the command line fills its
 persistent compilation cache (the suite's XLA flags bring the train step under the cache's
@@ -42,12 +43,15 @@ def test_a_workdir_from_the_previous_layout_resumes_bit_identical(tmp_path):
     assert "resumed from step 2" in out.stdout + out.stderr
     results = json.loads((workdir / "results.json").read_text())
     assert results["resumed_from"] == 2 and results["steps"] == expected["steps"]
-    key = "params_sha256" if _has_avx512() else "params_sha256_without_avx512"
-    assert results["params_sha256"] == expected[key]
+    assert results["params_sha256"] == expected["params_sha256_by_host"][_host_kind()]
     assert os.listdir(tmp_path / "cache")  # the train step took over a second to compile
 
 
-def _has_avx512() -> bool:
-    """Whether this host's CPU has AVX-512 (Linux's /proc/cpuinfo flags)."""
+def _host_kind() -> str:
+    """``avx512_fp16``, ``avx512`` or ``no_avx512``: the vector instructions of this host's CPU
+    (Linux's /proc/cpuinfo flags) that change how XLA:CPU rounds the run."""
     cpuinfo = pathlib.Path("/proc/cpuinfo")
-    return cpuinfo.exists() and " avx512f" in cpuinfo.read_text()
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
+    if " avx512_fp16" in flags:
+        return "avx512_fp16"
+    return "avx512" if " avx512f" in flags else "no_avx512"
