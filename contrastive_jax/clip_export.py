@@ -35,12 +35,8 @@ from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import open_clip_tensors
-from contrastive_jax.training.models.converters.open_clip_export import (
-    export,
-    nested,
-    read_converted,
-)
+from contrastive_jax.training.models.converters.open_clip_export import export, read_converted
+from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 from contrastive_jax.training.run import init_from
 from contrastive_jax.training.run.workdir.config_record import recorded_config, upgrade
 
@@ -101,7 +97,7 @@ def _export(positional: list[str]) -> None:
         block, params, preprocess, where = read_converted(_CONVERTED.value)
     config = export(_OUTPUT.value, block, params, preprocess,
                     timm_model_name=_TIMM_MODEL_NAME.value)
-    leaves = open_clip_tensors.leaves_by_path(params).values()
+    leaves = leaves_by_path(params).values()
     count = sum(int(np.prod(np.shape(x))) for x in leaves)
     kind = ("CustomTextCLIP, timm trunk " + config["model_cfg"]["vision_cfg"]["timm_model_name"]
             if config["model_cfg"].get("custom_text") else "CLIP")

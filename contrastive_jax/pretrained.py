@@ -184,9 +184,9 @@ def _workdir(path: str, step: int | None = None) -> PretrainedSource:
     tokenizer."""
     import json
 
-    from contrastive_jax.training.models.converters.open_clip_export import nested
     from contrastive_jax.training.models.converters.open_clip_tensors import model_leaves
     from contrastive_jax.training.models.scanned_layers import to_layout
+    from contrastive_jax.training.parameter_paths import nested
     from contrastive_jax.training.run.init_from import read
     from contrastive_jax.training.run.workdir.config_record import upgrade
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from common import reporting, sweep
 from common.reporting import accuracies, accuracy_cells, command, load_config, markdown_table
-from contrastive_jax.training.step.optimizers import leaf_names
+from contrastive_jax.training.parameter_paths import path_keys
 
 CONFIG = "configs/simclr_mnist1d.py"
 DOT = {"loss.normalize": False, "loss.impl": "autodiff"}
@@ -50,7 +50,7 @@ def is_scale_invariant(names: Sequence) -> bool:
 def scale_invariant_weights(params) -> jax.Array:
     """The scale-invariant kernels of ``params`` flattened and concatenated (one vector)."""
     leaves = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
-              if is_scale_invariant(leaf_names(path))]
+              if is_scale_invariant(path_keys(path))]
     if not leaves:
         raise ValueError("no scale-invariant kernels (a kernel under 'convs' or 'hidden')")
     return jnp.concatenate([jnp.ravel(leaf).astype(jnp.float32) for leaf in leaves])

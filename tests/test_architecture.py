@@ -183,13 +183,14 @@ def test_the_losses_rooms_import_only_along_their_arrows():
 TRAINING_ROOMS = {
     "augmentations": set(),  # JAX augmentations of a batch
     "data": set(),  # datasets, tokenizers, the grain input pipeline
-    "models": set(),  # Flax NNX encoders, heads, the model registry, locked towers
+    "parameter_paths": set(),  # a leaf's "a/0/b" name in any parameter tree, and back
+    "models": {"parameter_paths"},  # Flax NNX encoders, heads, the model registry, locked towers
     "methods": {"augmentations", "models", "losses"},  # SimCLR, MoCo, CLIP, SigLIP, MI critic
     "evaluation": {"augmentations", "data", "models"},  # probes, zero-shot, retrieval
     # the train step, train state, accumulation, sharding (augmentations: the pixel
     # normalisation's settings, for the method's context)
-    "step": {"methods", "models", "augmentations"},
-    "run": {"step", "models"},  # workdir, lock, checkpoints, config record, outputs, ...
+    "step": {"methods", "models", "augmentations", "parameter_paths"},
+    "run": {"step", "models", "parameter_paths"},  # workdir, lock, checkpoints, config record, ...
     "config": {"step"},  # base_config (the state's sharding defaults)
     "train": {"augmentations", "data", "models", "methods", "evaluation", "step", "run",
               "config"},  # the loop

@@ -35,6 +35,7 @@ from contrastive_jax.training.models.converters import (
     open_clip_export,
     open_clip_tensors,
 )
+from contrastive_jax.training.parameter_paths import leaves_by_path
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 CLIP_PREPROCESS = {"mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
@@ -125,10 +126,11 @@ def test_a_trained_workdir_exports_the_parameters_of_its_checkpoint(tmp_path, ca
 
     from contrastive_jax.mesh import make_mesh
     from contrastive_jax.training.methods import method_for
+    from contrastive_jax.training.parameter_paths import path_name
     from contrastive_jax.training.run import checkpoints
     from contrastive_jax.training.run.workdir.config_record import write_config
     from contrastive_jax.training.step import train_step
-    from contrastive_jax.training.step.state_sharding import path_name, state_shardings
+    from contrastive_jax.training.step.state_sharding import state_shardings
     from contrastive_jax.training.step.train_state import create_state
 
     config = clip_shaped_config()
@@ -162,7 +164,7 @@ def test_a_trained_workdir_exports_the_parameters_of_its_checkpoint(tmp_path, ca
         assert f"step {1 - len(flags)}" in capsys.readouterr().out
         params = open_clip_tensors.params_from_state_dict(
             config.model, load_file(out / "open_clip_model.safetensors"))
-        got = open_clip_tensors.leaves_by_path(params)
+        got = leaves_by_path(params)
         assert sorted(got) == sorted(want)
         for path, value in want.items():
             assert got[path].tobytes() == value.tobytes(), path

@@ -19,7 +19,8 @@ PUBLIC_APIS = ["contrastive_jax.losses", "contrastive_jax.losses.sharded",
 WITH_EXAMPLES = ["contrastive_jax.losses.clip", "contrastive_jax.losses.nt_xent",
                  "contrastive_jax.losses.info_nce", "contrastive_jax.losses.moco",
                  "contrastive_jax.losses.siglip", "contrastive_jax.losses.mutual_information",
-                 "contrastive_jax.losses.parts.normalize", "contrastive_jax.losses.sharded"]
+                 "contrastive_jax.losses.parts.normalize", "contrastive_jax.losses.sharded",
+                 "contrastive_jax.training.parameter_paths"]
 
 
 def _modules():

@@ -18,9 +18,10 @@ from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.methods.base import example_keys
 from contrastive_jax.training.models.dropout import fold_each
+from contrastive_jax.training.parameter_paths import path_name
 from contrastive_jax.training.step import train_step
 from contrastive_jax.training.step.accumulation import step_gradients
-from contrastive_jax.training.step.state_sharding import path_name, state_shardings
+from contrastive_jax.training.step.state_sharding import state_shardings
 from contrastive_jax.training.step.train_state import create_state
 
 

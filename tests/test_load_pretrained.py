@@ -238,9 +238,9 @@ def test_init_from_takes_an_open_clip_hub_directory_with_its_pixels(tmp_path):
 
     from contrastive_jax.pretrained import read_source
     from contrastive_jax.training.methods import method_for
+    from contrastive_jax.training.parameter_paths import path_name
     from contrastive_jax.training.run.init_from import load_into
     from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
-    from contrastive_jax.training.step.state_sharding import path_name
     from contrastive_jax.training.step.train_state import create_state
 
     hub = siglip_hub_directory(tmp_path)

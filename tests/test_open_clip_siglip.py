@@ -26,6 +26,7 @@ from test_clip_import import jitted_outputs, model_with, rel_error
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters import converted_directory, open_clip_tensors
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
+from contrastive_jax.training.parameter_paths import leaves_by_path
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "open_clip_tiny_siglip"
 WEIGHTS = FIXTURE / "open_clip_model.safetensors"
@@ -255,9 +256,10 @@ def test_lit_run_from_the_converted_directory(tmp_path):
     from contrastive_jax.losses.siglip import siglip_loss
     from contrastive_jax.mesh import make_mesh
     from contrastive_jax.training.methods import method_for
+    from contrastive_jax.training.parameter_paths import path_name
     from contrastive_jax.training.run import init_from
     from contrastive_jax.training.step import train_step
-    from contrastive_jax.training.step.state_sharding import path_name, state_shardings
+    from contrastive_jax.training.step.state_sharding import state_shardings
     from contrastive_jax.training.step.train_state import create_state
 
     params = siglip_params()
@@ -275,7 +277,7 @@ def test_lit_run_from_the_converted_directory(tmp_path):
         return {path_name(p): np.asarray(a) for p, a in jax.tree_util.tree_leaves_with_path(tree)}
 
     before = by_path(state.params)
-    saved = open_clip_tensors.leaves_by_path(params)
+    saved = leaves_by_path(params)
     assert sorted(before) == sorted(saved)
     for path, value in saved.items():
         assert before[path].tobytes() == value.tobytes(), path

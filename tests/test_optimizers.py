@@ -8,10 +8,10 @@ import pytest
 from flax import nnx
 
 from contrastive_jax.training.models import build_model
+from contrastive_jax.training.parameter_paths import path_keys
 from contrastive_jax.training.step.optimizers import (
     build_optimizer,
     decay_mask,
-    leaf_names,
     schedule,
 )
 
@@ -29,7 +29,7 @@ def params():
 
 
 def named(tree):
-    return {leaf_names(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+    return {path_keys(p): v for p, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 
 def test_weight_decay_only_on_kernels_and_embeddings(params):

@@ -23,13 +23,13 @@ from contrastive_jax.training.models.converters import (
     big_vision_import,
     clip_import,
     converted_directory,
-    open_clip_tensors,
 )
 from contrastive_jax.training.models.position_resampling import (
     resample_grid_positions,
     resized_model,
     truncated_text_positions,
 )
+from contrastive_jax.training.parameter_paths import leaves_by_path
 from contrastive_jax.training.run import init_from
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
@@ -67,13 +67,13 @@ def converted(tmp_path_factory):
     converted_directory.save_converted(path, block, params, preprocess={
         "mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
         "resize": "bicubic", "image_size": 16})
-    return path, block, open_clip_tensors.leaves_by_path(params)
+    return path, block, leaves_by_path(params)
 
 
 def loaded(block, path):
     _, fresh, rest = nnx.split(build_model(block, nnx.Rngs(0)), nnx.Param, ...)
     params, _, lines = init_from.load_into(fresh, rest, block, {"path": str(path)})
-    return open_clip_tensors.leaves_by_path(nnx.to_pure_dict(params)), lines
+    return leaves_by_path(nnx.to_pure_dict(params)), lines
 
 
 def test_init_from_into_another_image_size_and_a_shorter_context_moves_the_positions(converted):
@@ -116,7 +116,7 @@ def test_load_pretrained_at_another_size_is_init_from_into_that_size(converted):
     target = {**block, "sample_encoder": {**block["sample_encoder"], "image_size": 32},
               "text_encoder": {**block["text_encoder"], "max_tokens": 12}}
     model, preprocess, _ = load_pretrained(path, tokenizer=False, image_size=32, max_tokens=12)
-    got = open_clip_tensors.leaves_by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    got = leaves_by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
     want, _ = loaded(target, path)
     assert got.keys() == want.keys()
     for name in want:

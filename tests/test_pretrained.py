@@ -18,9 +18,9 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_model
+from contrastive_jax.training.parameter_paths import path_name
 from contrastive_jax.training.run import checkpoints
 from contrastive_jax.training.run.init_from import load_into
-from contrastive_jax.training.step.state_sharding import path_name
 from contrastive_jax.training.step.train_state import create_state
 from contrastive_jax.training.train import train_and_evaluate
 

@@ -33,8 +33,9 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training.config import base_config
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import build_encoder, build_model, scanned_layers
+from contrastive_jax.training.parameter_paths import leaves_by_path, path_name
 from contrastive_jax.training.step import train_step
-from contrastive_jax.training.step.state_sharding import path_name, state_shardings
+from contrastive_jax.training.step.state_sharding import state_shardings
 from contrastive_jax.training.step.train_state import create_state
 
 B = 16
@@ -338,12 +339,12 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
     unrolled_block["sample_encoder"]["patch_dropout"] = 0.5
     unrolled = open_clip_tensors.in_model_layout(unrolled_block, params)
     assert 1 in unrolled["text_encoder"]["blocks"]
-    assert open_clip_tensors.leaves_by_path(params)["text_encoder/blocks/fc1/kernel"].shape[0] == 2
+    assert leaves_by_path(params)["text_encoder/blocks/fc1/kernel"].shape[0] == 2
     for name, b, p in (("scanned", block, params), ("unrolled", unrolled_block, unrolled)):
         converted_directory.save_converted(tmp_path / name, b, p)
         loaded_block, loaded = converted_directory.load_converted(tmp_path / name)
-        assert open_clip_tensors.leaves_by_path(loaded).keys() == \
-            open_clip_tensors.leaves_by_path(p).keys()
+        assert leaves_by_path(loaded).keys() == \
+            leaves_by_path(p).keys()
         open_clip_export.export(tmp_path / f"{name}_open_clip", loaded_block, loaded)
         exported = load_file(tmp_path / f"{name}_open_clip" / "open_clip_model.safetensors")
         original = load_file(source)
@@ -353,7 +354,7 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
         _, fresh, rest = nnx.split(build_model(target, nnx.Rngs(0)), nnx.Param, ...)
         got, _, lines = init_from.load_into(fresh, rest, target,
                                             {"path": str(tmp_path / other)})
-        want = open_clip_tensors.leaves_by_path(params if target is block else unrolled)
+        want = leaves_by_path(params if target is block else unrolled)
         got = flat(got)
         assert got.keys() == want.keys() and lines
         assert all(np.array_equal(got[k], want[k]) for k in want)

@@ -22,10 +22,9 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_encoder, build_model
-from contrastive_jax.training.models.converters.open_clip_export import nested
-from contrastive_jax.training.models.converters.open_clip_tensors import leaves_by_path
 from contrastive_jax.training.models.precision import layers_dtype
 from contrastive_jax.training.models.scanned_layers import to_layout
+from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 
 WIDTH, HEADS, HIDDEN, DEPTH = 16, 2, 40, 2  # HIDDEN: timm's int(16 * 2.5), not 4 * WIDTH
 IMAGE, PATCH, CHANNELS = 8, 4, 3

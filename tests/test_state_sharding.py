@@ -15,12 +15,12 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.methods import method_for
+from contrastive_jax.training.parameter_paths import path_name
 from contrastive_jax.training.run import checkpoints
 from contrastive_jax.training.step import train_step
 from contrastive_jax.training.step.state_sharding import (
     bytes_per_device,
     fsdp_spec,
-    path_name,
     state_shardings,
 )
 from contrastive_jax.training.step.train_state import create_state, params_digest

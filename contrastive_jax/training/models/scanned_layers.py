@@ -7,8 +7,8 @@ HLO size grow with depth (about 2,000 optimised HLO lines a block); under ``lax.
 step holds one block's program whatever the depth ([MaxText]'s ``scan_layers``, big_vision's
 ViT ``scan`` option; benchmarks/compile_bench.py measures both).
 
-The two layouts of the same parameters (paths as :func:`~contrastive_jax.training.step.
-state_sharding.path_name` writes them)::
+The two layouts of the same parameters (paths as :func:`~contrastive_jax.training.
+parameter_paths.path_name` writes them)::
 
     unrolled   <tower>/blocks/<i>/<name>     one leaf of shape S per block i = 0 .. depth - 1
     scanned    <tower>/blocks/<name>         one leaf of shape (depth, *S); row i is block i

@@ -41,13 +41,13 @@ from contrastive_jax.errors import (
     storage_cause,
 )
 from contrastive_jax.training.models import scanned_layers
+from contrastive_jax.training.parameter_paths import leaves_by_path, path_name
 from contrastive_jax.training.run.launch.process_count import (
     process_count_refusal,
     resplit_position,
     saved_process_count,
 )
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
-from contrastive_jax.training.step.state_sharding import path_name
 from contrastive_jax.training.step.train_state import all_finite
 
 
@@ -158,16 +158,9 @@ def _leaf_sums(leaf) -> jax.Array:
     return jnp.stack([total, weighted])
 
 
-def leaf_name(path) -> str:
-    """A state leaf's path as ``a/b/c`` with the ``value`` of an NNX variable dropped, whether
-    the path comes from the train state (an attribute) or a restored tree (a dict key)."""
-    name = path_name(path)
-    return name[: -len("/value")] if name.endswith("/value") else name
-
-
 def checksum_record(state) -> dict[str, list[int]]:
     """``{leaf name: [sum, weighted sum]}`` of :func:`state_checksums` (a device sync)."""
-    names = [leaf_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    names = list(leaves_by_path(state, drop_value=True))
     return dict(zip(names, jax.device_get(state_checksums(state)).tolist(), strict=True))
 
 
@@ -315,9 +308,9 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
 
 
 def _named_leaves(tree) -> dict[str, Any]:
-    """``{leaf name: leaf}`` (:func:`leaf_name`) of a state or a restored / metadata tree."""
-    return {leaf_name(path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    """``{leaf name: leaf}`` of a state or a restored / metadata tree (the ``value`` of an
+    NNX variable dropped, as an attribute or a key)."""
+    return leaves_by_path(tree, drop_value=True)
 
 
 def _restore_target(mgr: ocp.CheckpointManager, step: int, abstract):
@@ -339,7 +332,8 @@ def _restore_target(mgr: ocp.CheckpointManager, step: int, abstract):
     if set(moved) != set(saved) or any(tuple(moved[k].shape) != tuple(saved[k].shape)
                                        for k in saved if hasattr(saved[k], "shape")):
         return abstract, lambda state: state  # another model: the restore says so
-    target = jax.tree_util.tree_map_with_path(lambda path, _: moved[leaf_name(path)], tree)
+    target = jax.tree_util.tree_map_with_path(
+        lambda path, _: moved[path_name(path, drop_value=True)], tree)
     names, treedef = list(want), jax.tree.structure(abstract)
     shardings = {k: v.sharding for k, v in want.items()}
 

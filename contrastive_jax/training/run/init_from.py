@@ -56,8 +56,8 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import with_defaults
 from contrastive_jax.training.models.position_resampling import position_movers, resizable
 from contrastive_jax.training.models.scanned_layers import to_layout
+from contrastive_jax.training.parameter_paths import leaves_by_path, path_name
 from contrastive_jax.training.run.workdir.config_record import upgrade
-from contrastive_jax.training.step.state_sharding import path_name
 
 FIELDS = ("path", "source", "target")
 # model settings that do not change the function (compute dtype, rematerialisation), are
@@ -131,7 +131,7 @@ def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
     root = epath.Path(path)
     if (root / "model.json").exists() and (root / "params").exists():
         model = json_file(root / "model.json")
-        params = _flat(_restore(root / "params"), drop_value=False)
+        params = _host_leaves(_restore(root / "params"), drop_value=False)
         return Pretrained("converted", str(root), model, params, {})
     checkpoints = root / "checkpoints"
     steps = sorted(int(p.name) for p in checkpoints.iterdir()
@@ -158,8 +158,8 @@ def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
             skipped.append(f"step {step} cannot be read ({type(err).__name__}: "
                            f"{str(err).splitlines()[0][:200] if str(err) else ''})")
             continue
-        params = _flat(tree["params"], drop_value=True)
-        rest = _flat(tree.get("rest", {}), drop_value=True)
+        params = _host_leaves(tree["params"], drop_value=True)
+        rest = _host_leaves(tree.get("rest", {}), drop_value=True)
         if not all(np.isfinite(v).all() for v in (*params.values(), *rest.values())
                    if np.issubdtype(v.dtype, np.inexact)):
             skipped.append(f"step {step} holds non-finite numbers")
@@ -186,7 +186,7 @@ def _open_clip(path: str | os.PathLike) -> Pretrained:
             "params/), a trainer workdir with checkpoints (checkpoints/<step>/), nor an "
             f"open_clip model ({err}); run the pretraining first or fix the path") from None
     return Pretrained("converted", converted.description, converted.model,
-                      _flat(converted.params, drop_value=False), {})
+                      _host_leaves(converted.params, drop_value=False), {})
 
 
 def json_file(path: epath.Path) -> dict:
@@ -211,16 +211,9 @@ def _restore(directory: epath.Path, keys: Sequence[str] | None = None):
         item=item, restore_args=restore_args, partial_restore=keys is not None))
 
 
-def _flat(tree, *, drop_value: bool) -> dict[str, np.ndarray]:
-    """``{"a/0/b": leaf}``; ``drop_value`` removes the trailing ``value`` a saved NNX variable
-    adds to its path."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        name = path_name(path)
-        if drop_value and name.endswith("/value"):
-            name = name[: -len("/value")]
-        out[name] = np.asarray(leaf)
-    return out
+def _host_leaves(tree, *, drop_value: bool) -> dict[str, np.ndarray]:
+    """``{"a/0/b": host array}`` of ``tree`` (:func:`.parameter_paths.leaves_by_path`)."""
+    return {k: np.asarray(v) for k, v in leaves_by_path(tree, drop_value=drop_value).items()}
 
 
 def _under(leaves: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -343,7 +336,8 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
     saying what was loaded from where."""
     if hasattr(model_config, "to_dict"):  # a ConfigDict is not a Mapping
         model_config = model_config.to_dict()
-    params_by_path, rest_by_path = _flat(params, drop_value=False), _flat(rest, drop_value=False)
+    params_by_path = _host_leaves(params, drop_value=False)
+    rest_by_path = _host_leaves(rest, drop_value=False)
     loaded, loaded_rest, messages = {}, {}, []
     for spec in init_specs(init_from):
         stored = read(spec.path)

@@ -38,6 +38,7 @@ import numpy as np
 import optax
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.parameter_paths import path_keys
 
 OPTIMIZERS = ("adamw", "lars", "sgd")
 DECAYED = ("kernel", "embedding")   # leaf names that get weight decay
@@ -48,26 +49,15 @@ DEFAULTS = {"name": "adamw", "learning_rate": 1e-3, "warmup_steps": 0, "end_lr_f
             "temperature_lr": 0.0}
 
 
-def leaf_names(path) -> tuple:
-    """The dict keys / indices of a pytree path (``.value`` of an NNX variable dropped)."""
-    names = []
-    for entry in path:
-        if isinstance(entry, jax.tree_util.DictKey):
-            names.append(entry.key)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            names.append(entry.idx)
-    return tuple(names)
-
-
 def decay_mask(params):
     """True for kernels and embeddings (decayed), False for everything else."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, _: bool(leaf_names(path)) and leaf_names(path)[-1] in DECAYED, params)
+        lambda path, _: bool(path_keys(path)) and path_keys(path)[-1] in DECAYED, params)
 
 
 def is_temperature(path) -> bool:
     """The dual encoder's ``log_scale`` and SigLIP ``bias`` (top-level parameters)."""
-    names = leaf_names(path)
+    names = path_keys(path)
     return len(names) == 1 and names[0] in TEMPERATURE
 
 
@@ -113,7 +103,7 @@ def build_optimizer(config: Mapping[str, Any], total_steps: int, params,
 
 def _label(path, frozen: Sequence[str]) -> str:
     """``"frozen"`` under a frozen top-level entry, else ``"temperature"`` or ``"main"``."""
-    if leaf_names(path)[:1] and leaf_names(path)[0] in frozen:
+    if path_keys(path)[:1] and path_keys(path)[0] in frozen:
         return "frozen"
     return "temperature" if is_temperature(path) else "main"
 

@@ -47,6 +47,7 @@ from jax.sharding import PartitionSpec as P
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS
 from contrastive_jax.training.models.scanned_layers import is_stacked
+from contrastive_jax.training.parameter_paths import path_name
 
 MODES = ("replicated", "fsdp")
 DEFAULTS = {"params": "replicated", "fsdp_axis": DATA_AXIS, "min_size": 2**14, "rules": ()}
@@ -87,22 +88,6 @@ def settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
         rules.append((pattern, target if isinstance(target, str) else tuple(target)))
     values["rules"] = tuple(rules)
     return values
-
-
-def path_name(path) -> str:
-    """A pytree path as ``a/b/0/c`` (dict keys, sequence indices, dataclass fields; the
-    ``.value`` of an NNX variable dropped)."""
-    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
-        path = path[:-1]
-    parts = []
-    for entry in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(entry, attr):
-                parts.append(str(getattr(entry, attr)))
-                break
-        else:
-            parts.append(str(entry))
-    return "/".join(parts)
 
 
 def fsdp_spec(shape: Sequence[int], axis: str, axis_size: int, min_size: int) -> P:

@@ -104,12 +104,9 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
     import jax
     import orbax.checkpoint as ocp
 
-    from contrastive_jax.training.models.converters.open_clip_export import nested
-    from contrastive_jax.training.models.converters.open_clip_tensors import (
-        leaves_by_path,
-        model_leaves,
-    )
+    from contrastive_jax.training.models.converters.open_clip_tensors import model_leaves
     from contrastive_jax.training.models.scanned_layers import to_layout
+    from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 
     out_dir = os.path.abspath(os.fspath(out_dir))
     with open(os.path.join(out_dir, "model.json")) as f:

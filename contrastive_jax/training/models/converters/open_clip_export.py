@@ -47,6 +47,7 @@ import numpy as np
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters import open_clip_tensors
+from contrastive_jax.training.parameter_paths import leaves_by_path
 
 CONFIG_FILE = "open_clip_config.json"
 WEIGHTS_FILE = "open_clip_model.safetensors"
@@ -255,7 +256,7 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
     block = open_clip_tensors.architecture_block(model_block)
     bias = None
     if open_clip_tensors.resolved(block)["siglip"]:
-        leaves = open_clip_tensors.leaves_by_path(params)
+        leaves = leaves_by_path(params)
         # the shortest decimal that is the float32 value (-4.7, not -4.699999809265137)
         bias = float(str(np.float32(np.asarray(leaves["bias"])))) if "bias" in leaves else None
     cfg, timm_args = model_cfg(block, bias=bias, timm_model_name=timm_model_name)
@@ -273,19 +274,6 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
         json.dump(config, f, indent=2)
         f.write("\n")
     return config
-
-
-def nested(flat: Mapping[str, np.ndarray]) -> dict:
-    """``{"a/0/b": leaf}`` -> ``{"a": {0: {"b": leaf}}}``: the nested pure dict of
-    ``nnx.to_pure_dict`` (list indices as ints)."""
-    out: dict = {}
-    for path, leaf in flat.items():
-        node = out
-        *parents, last = (int(k) if k.isdigit() else k for k in path.split("/"))
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[last] = leaf
-    return out
 
 
 def read_converted(directory: str | os.PathLike

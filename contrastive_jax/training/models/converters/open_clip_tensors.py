@@ -43,6 +43,7 @@ import numpy as np
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.scanned_layers import to_layout, unrolled
+from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 
 Path = tuple[str | int, ...]
 # settings of the dual encoder and its towers that the models read, with the defaults of the
@@ -444,21 +445,6 @@ def params_from_state_dict(model_block: Mapping[str, Any],
     return in_model_layout(model_block, params)
 
 
-def leaves_by_path(params: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"a/0/b": leaf}`` of a nested mapping (keys strings or ints)."""
-    out = {}
-
-    def walk(node, prefix):
-        if isinstance(node, Mapping):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}/")
-        else:
-            out[prefix[:-1]] = node
-
-    walk(params, "")
-    return out
-
-
 def state_dict_from_params(model_block: Mapping[str, Any],
                            params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """What open_clip's ``model.state_dict()`` holds for the model ``model_block`` builds
@@ -515,7 +501,6 @@ def in_model_layout(model_block: Mapping[str, Any], params: Mapping[str, Any]) -
     layout of the model ``model_block`` builds (its scanned towers' blocks stacked,
     :func:`~contrastive_jax.training.models.scanned_layers.to_layout`), checked to have
     exactly that model's structure and shapes (a difference is a bug of the rules)."""
-    from contrastive_jax.training.models.converters.open_clip_export import nested
 
     want = model_leaves(model_block)
     flat = to_layout(leaves_by_path(params), want)
