@@ -30,7 +30,7 @@ from xla_environment import child_environment
 from contrastive_jax.accelerators import GiB, tpu_slice
 from contrastive_jax.training.data import build_tokenizer
 from contrastive_jax.training.data.prepare import main as prepare_main
-from contrastive_jax.training.run.compilation_cache import CACHE_ENV
+from contrastive_jax.training.run.compilation_cache import CACHE_ENV, MIN_COMPILE_TIME_ENV
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "launching.md"
@@ -196,7 +196,8 @@ def machine(tmp_path) -> Iterator[dict[str, str]]:
     env.update(JAX_PLATFORMS="cpu", HOME=str(tmp_path / "home"), TMPDIR=str(tmp_path / "tmp"),
                PATH=f"{LAUNCHERS / 'bin'}:/usr/local/bin:/usr/bin:/bin",
                STANDIN_PYTHON=sys.executable, STANDIN_STATE=str(tmp_path / "state"),
-               STANDIN_WORKER_ENV=json.dumps({k: env[k] for k in ("XLA_FLAGS", CACHE_ENV)}
+               STANDIN_WORKER_ENV=json.dumps({k: env[k] for k in ("XLA_FLAGS", CACHE_ENV,
+                                                                  MIN_COMPILE_TIME_ENV)}
                                              | {"JAX_PLATFORMS": "cpu"}))
     yield env
     kill_tpu_sessions(tmp_path / "state")

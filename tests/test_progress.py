@@ -67,5 +67,32 @@ def test_compilation_cache_location():
     assert compilation_cache_dir({"XDG_CACHE_HOME": "/x"}) == (
         "/x/contrastive_jax/jax_compilation_cache")
 
+def test_the_cache_keeps_programs_of_over_a_second_unless_jax_is_told_otherwise(monkeypatch,
+                                                                                tmp_path):
+    import jax
+
+    from contrastive_jax.training.run.compilation_cache import (
+        MIN_COMPILE_TIME_ENV,
+        enable_compilation_cache,
+    )
+
+    saved = {name: getattr(jax.config, name) for name in (
+        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    monkeypatch.setenv("CONTRASTIVE_JAX_COMPILATION_CACHE", str(tmp_path))
+    try:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.25)
+        monkeypatch.delenv(MIN_COMPILE_TIME_ENV, raising=False)
+        enable_compilation_cache()
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.25)
+        monkeypatch.setenv(MIN_COMPILE_TIME_ENV, "0")  # JAX read it at import: left as it is
+        enable_compilation_cache()
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.25
+    finally:
+        for name, value in saved.items():
+            jax.config.update(name, value)
+
+
 # That the command line fills its compilation cache: tests/test_checkpoint_compat.py, whose
 # command line (compiled as a user's run is) writes into a cache folder of its own.

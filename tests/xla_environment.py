@@ -50,11 +50,15 @@ def child_environment(devices: int | None = None, xla_defaults: bool = False) ->
     """``os.environ`` for a child process: JAX's default of one CPU device (or ``devices`` fake
     ones) whatever this process has, and the suite's XLA flags, so that numbers compared across
     processes come from the same compile. ``xla_defaults``: without the suite's flags, to
-    compile as a user's run does (for a digest recorded by such a run)."""
+    compile as a user's run does (for a digest recorded by such a run), and with the command
+    lines' own one-second threshold of the persistent compilation cache."""
     drop = {"--xla_force_host_platform_device_count"}
     if xla_defaults:
         drop |= {_name(f) for f in SUITE_XLA_FLAGS}
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if _name(f) not in drop]
     if devices is not None:
         flags.append(f"--xla_force_host_platform_device_count={devices}")
-    return {**os.environ, "XLA_FLAGS": " ".join(flags)}
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
+    if xla_defaults:
+        env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    return env

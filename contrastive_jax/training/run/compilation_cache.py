@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 CACHE_ENV = "CONTRASTIVE_JAX_COMPILATION_CACHE"
+MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 
 def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -28,10 +29,12 @@ def compilation_cache_dir(environ: Mapping[str, str] = os.environ) -> str | None
 
 def enable_compilation_cache() -> None:
     """Turn on JAX's persistent compilation cache (:func:`compilation_cache_dir`) for programs
-    that take over a second to compile."""
+    that take over a second to compile (``$JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``, JAX's
+    own variable, sets another threshold: ``0`` caches every program)."""
     import jax
 
     path = compilation_cache_dir()
     if path is not None:
         jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        if MIN_COMPILE_TIME_ENV not in os.environ:  # JAX reads the variable itself
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
