@@ -99,35 +99,31 @@ class Plan:
 def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
     """``{feature: (per-example shape, dtype)}`` of a training batch, from the model config.
 
-    The sample encoder's input (``config.input_key``): ViT ``(image_size, image_size,
-    in_channels)``, signal CNN ``(length, in_channels)``, MLP ``(in_features,)``; ResNet needs
-    ``data.preprocess.image_size``. Images come as uint8 with the ``image_text`` preprocessing
-    (the host sends uint8, the device normalises), float32 otherwise. Dual encoders add
-    ``text_key``: ``(max_tokens,)`` int32. A ``loss.positive_ids`` feature is ``()`` int32.
+    The sample encoder's input (``config.input_key``) is what its class's ``input_shape``
+    declares for its block (the encoder protocol, docs/architecture.md: a ViT
+    ``(image_size, image_size, in_channels)``, a signal CNN ``(length, in_channels)``, an MLP
+    ``(in_features,)``, a ResNet the data's ``data.preprocess.image_size``). Images come as
+    uint8 with the ``image_text`` preprocessing (the host sends uint8, the device normalises),
+    float32 otherwise. Dual encoders add ``text_key``: the text tower's ``input_shape``, int32.
+    A ``loss.positive_ids`` feature is ``()`` int32.
     """
+    from contrastive_jax.training.models import ENCODERS, with_defaults
+
+    def declared(block, image_size=None) -> tuple[int, ...]:
+        block = with_defaults(block)
+        if block.get("name") not in ENCODERS:
+            raise ConfigError(f"unknown encoder {block.get('name')!r}; valid: {sorted(ENCODERS)}")
+        return tuple(ENCODERS[block["name"]].input_shape(block, image_size))
+
     model = config.model
-    encoder = model.get("sample_encoder") or model.get("encoder")
-    name = encoder["name"]
-    if name == "vit":
-        shape = (encoder["image_size"], encoder["image_size"], encoder.get("in_channels", 3))
-    elif name == "signal_cnn":
-        shape = (encoder["length"], encoder.get("in_channels", 1))
-    elif name == "mlp":
-        shape = (encoder["in_features"],)
-    elif name == "resnet":
-        size = config.data.get("preprocess", {}).get("image_size")
-        if not size:
-            raise ConfigError("the plan needs the ResNet's input size: set "
-                              "data.preprocess.image_size")
-        shape = (size, size, encoder.get("in_channels", 3))
-    else:
-        raise ConfigError(f"the plan does not know the input of encoder {name!r}")
-    image_text = (config.data.get("preprocess") or {}).get("name") == "image_text"
+    preprocess = config.data.get("preprocess") or {}
+    shape = declared(model.get("sample_encoder") or model.get("encoder"),
+                     preprocess.get("image_size"))
+    image_text = preprocess.get("name") == "image_text"
     shapes = {config.input_key: (shape, "uint8" if image_text and len(shape) == 3
                                  else "float32")}
     if model.get("name") == "dual_encoder":
-        shapes[config.get("text_key", "caption")] = ((model.text_encoder["max_tokens"],),
-                                                     "int32")
+        shapes[config.get("text_key", "caption")] = (declared(model.text_encoder), "int32")
     if config.loss.get("positive_ids"):
         shapes[config.loss.positive_ids] = ((), "int32")
     return shapes

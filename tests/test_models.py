@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.methods import momentum_contrast as moco
-from contrastive_jax.training.models import build_encoder, build_model
+from contrastive_jax.training.models import ENCODERS, build_encoder, build_model, with_defaults
 
 
 def built(build, config: dict):
@@ -41,13 +42,26 @@ def tiny_text(**kw):
     ({"name": "mlp", "in_features": 5, "hidden": 16, "depth": 2, "features": 32}, (3, 5)),
 ])
 def test_encoders_map_batches_to_features(config, shape):
+    """Each encoder follows the protocol (docs/architecture.md, "Adding a tower"): its class
+    declares one example's input shape for its block (the plan's batch), it maps a batch of
+    that shape to ``(B, .features)``, and a wrong shape is an error naming what it expects."""
     encoder = built(build_encoder, config)
+    image_size = shape[1] if config["name"] == "resnet" else None  # a ResNet's is the data's
+    assert ENCODERS[config["name"]].input_shape(with_defaults(config), image_size) == shape[1:]
     x = jax.random.normal(jax.random.key(1), shape)
     out = apply(encoder, x)
-    assert out.shape == (3, 32) and np.all(np.isfinite(out))
+    assert out.shape == (3, encoder.features) == (3, 32) and np.all(np.isfinite(out))
     assert not np.allclose(out[0], out[1])  # different inputs, different features
     with pytest.raises(ValueError, match="expects"):
         encoder(jnp.ones((3, *[s + 1 for s in shape[1:]])), train=False)
+
+
+def test_every_encoder_declares_its_input_and_a_resnet_asks_for_the_datas_size():
+    text = with_defaults(tiny_text())
+    assert ENCODERS["text_transformer"].input_shape(text) == (12,)
+    assert all(callable(getattr(cls, "input_shape", None)) for cls in ENCODERS.values())
+    with pytest.raises(ConfigError, match=r"set data\.preprocess\.image_size"):
+        ENCODERS["resnet"].input_shape(with_defaults({"name": "resnet"}))
 
 
 def test_text_tower_masks_padding():
@@ -132,7 +146,6 @@ def test_dropout_draws_each_example_from_its_own_key():
     """ExampleDropout: example b's mask depends only on keys[b] (a batch equals its halves),
     kept entries are scaled by 1 / (1 - rate), about rate of them are dropped, and the
     transformer towers drop nothing outside training."""
-    from contrastive_jax.errors import ConfigError
     from contrastive_jax.training.models.dropout import ExampleDropout
 
     drop = ExampleDropout(0.25)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 from flax import nnx
@@ -19,6 +21,13 @@ class MLPEncoder(nnx.Module):
     compute dtype (:mod:`.precision`); ``remat_policy``: each Linear -> ReLU layer
     rematerialised (:mod:`.remat`; ``None``: off).
     """
+
+    @staticmethod
+    def input_shape(settings: Mapping[str, Any], image_size: int | None = None
+                    ) -> tuple[int, ...]:
+        """One example's input, ``(in_features,)`` (``settings``: the encoder block with its
+        defaults, :func:`~contrastive_jax.training.models.with_defaults`)."""
+        return (settings["in_features"],)
 
     def __init__(self, *, in_features: int, hidden: int = 256, depth: int = 2,
                  features: int = 32, dtype=None, remat_policy: str | None = None,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,16 @@ class ResNet(nnx.Module):
     compute dtype (:mod:`.precision`); ``remat_policy``: each residual block rematerialised
     under that policy (:mod:`.remat`; ``None``: off), its BatchNorm statistics updated once.
     """
+
+    @staticmethod
+    def input_shape(settings: Mapping[str, Any], image_size: int | None = None
+                    ) -> tuple[int, ...]:
+        """One example's input, ``(image_size, image_size, in_channels)``: a ResNet takes any
+        size, so it is the data's (``image_size``, from ``data.preprocess.image_size``)."""
+        if not image_size:
+            raise ConfigError("a ResNet takes images of any size: set data.preprocess.image_size "
+                              "to the size the data gives it")
+        return (image_size, image_size, settings["in_channels"])
 
     def __init__(self, *, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
                  blocks_per_stage: int = 1, features: int = 128, dtype=None,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,12 @@ class SignalCNN(nnx.Module):
     ``remat_policy``: each Conv -> BatchNorm -> ReLU block rematerialised (:mod:`.remat`;
     ``None``: off).
     """
+
+    @staticmethod
+    def input_shape(settings: Mapping[str, Any], image_size: int | None = None
+                    ) -> tuple[int, ...]:
+        """One example's input, ``(length, in_channels)``."""
+        return (settings["length"], settings["in_channels"])
 
     def __init__(self, *, length: int, in_channels: int = 1,
                  channels: Sequence[int] = (64, 128, 128), kernel_sizes: Sequence[int] = (5, 3, 3),

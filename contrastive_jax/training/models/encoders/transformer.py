@@ -15,6 +15,9 @@ position (``pool="last"``); and open_clip's other text pools (``"first"``, ``"eo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -233,6 +236,12 @@ class ViT(nnx.Module):
     pools see what is kept): :func:`drop_patches`. Evaluation (``train=False``) never drops.
     """
 
+    @staticmethod
+    def input_shape(settings: Mapping[str, Any], image_size: int | None = None
+                    ) -> tuple[int, ...]:
+        """One example's input, ``(image_size, image_size, in_channels)``."""
+        return (settings["image_size"], settings["image_size"], settings["in_channels"])
+
     def __init__(self, *, image_size: int, patch: int, in_channels: int = 3, width: int = 128,
                  depth: int = 4, heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
                  features: int | None = 128, class_token: bool = False, pre_norm: bool = False,
@@ -337,6 +346,12 @@ class TextTransformer(nnx.Module):
     text tower (its ``text_projection`` with bias: the dual encoder's
     ``text_projection="linear_bias"``). ``dtype`` and ``remat_policy`` as :class:`ViT`.
     """
+
+    @staticmethod
+    def input_shape(settings: Mapping[str, Any], image_size: int | None = None
+                    ) -> tuple[int, ...]:
+        """One example's input, ``(max_tokens,)`` token ids."""
+        return (settings["max_tokens"],)
 
     def __init__(self, *, vocab_size: int, max_tokens: int, width: int = 128, depth: int = 2,
                  heads: int = 4, mlp_ratio: int = 4, dropout: float = 0.0,
