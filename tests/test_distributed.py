@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -201,16 +202,43 @@ LOST_HOST_ARGS = ["--config=configs/simclr_mnist1d.py:quick", "--config.total_st
                   "--config.launch.heartbeat_timeout_s=5"]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> pathlib.Path:
+    """The workdir of one uninterrupted 2-process x 1-device run of :data:`LOST_HOST_ARGS`
+    (checkpoints 10, 20 and 24), run once for the module: the parameters a rerun after a lost
+    host must end with, bit for bit, and the finished 2-process workdir that the run with a
+    failing write and the 1-process resume start from (each on its own copy)."""
+    workdir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    port = str(_free_port())
+    procs = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={workdir}",
+                                    "--config.checkpoint_every=10"]) for i in range(2)]
+    outs = _finish_all(procs)
+    assert [p.returncode for p in procs] == [0, 0], [e[-1500:] for _, e in outs]
+    assert _saved(workdir) == [10, 20, 24]
+    return workdir
+
+
+def _saved(workdir: pathlib.Path) -> list[int]:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def _copy(workdir: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of ``workdir`` to run in (its lock is an flock held only while a run lives)."""
+    shutil.copytree(workdir, dest)
+    return dest
+
+
 @pytest.mark.parametrize("victim", [1, 0])
-def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp_path, victim):
+def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp_path, victim,
+                                                                              request):
     """SIGKILL of one process mid-run: the other exits 75 within the heartbeat timeout (5 s)
     + 20 s with one line on stderr naming what was lost and the checkpoint to resume from (no
     C++ abort, no traceback). Process 1 is killed while a checkpoint is being written (one
     every step: a step folder still unfinished); rerunning both never takes that step,
-    resumes from the named one and ends with the parameters of an uninterrupted run, bit for
-    bit; that workdir then resumed by one process is refused unless --resplit_data
-    (:func:`_another_process_count_on_resume`). Process 0 hosts JAX's coordination service:
-    the other learns at once that the connection broke."""
+    resumes from the named one and ends with the parameters of an uninterrupted run (the
+    module's :func:`uninterrupted` run, which checkpoints every 10 steps: saving changes no
+    parameter), bit for bit. Process 0 hosts JAX's coordination service: the other learns at
+    once that the connection broke."""
     port = str(_free_port())
     workdir = tmp_path / "run"
     args = [*LOST_HOST_ARGS, f"--workdir={workdir}",
@@ -252,36 +280,31 @@ def test_a_lost_host_is_one_line_and_exit_75_then_the_rerun_is_bit_identical(tmp
     outs = _finish_all(again)
     assert [p.returncode for p in again] == [0, 0], [e[-1500:] for _, e in outs]
     assert f"resumed from step {step}:" in outs[0][0]
-    port = str(_free_port())
-    reference = [_cli_process(i, port, [*LOST_HOST_ARGS, f"--workdir={tmp_path / 'plain'}"])
-                 for i in range(2)]  # checkpoints every 500 steps: none on the way
-    outs = _finish_all(reference)
-    assert [p.returncode for p in reference] == [0, 0], [e[-1500:] for _, e in outs]
+    reference = request.getfixturevalue("uninterrupted")
     digests = [json.loads((d / "results.json").read_text())["params_sha256"]
-               for d in (workdir, tmp_path / "plain")]
+               for d in (workdir, reference)]
     assert digests[0] == digests[1]
-    _another_process_count_on_resume(workdir, args)
 
 
-def _another_process_count_on_resume(workdir: pathlib.Path, args: list[str]) -> None:
-    """The 2-process x 1-device run's workdir resumed by 1 process x 2 devices (the same
-    global batch and devices): exit 2 naming both counts and --resplit_data, nothing moved
-    aside; with --resplit_data it resumes at that step and finishes."""
-    env = child_environment()
-    env["JAX_PLATFORMS"] = "cpu"
-    single = [sys.executable, "-m", "contrastive_jax.main", *args, "--config.total_steps=28",
+def test_a_two_process_workdir_resumed_by_one_process_needs_resplit_data(uninterrupted,
+                                                                          tmp_path):
+    """The finished 2-process x 1-device workdir (:func:`uninterrupted`) resumed by 1 process
+    x 2 devices (the same global batch and devices): exit 2 naming both counts and
+    --resplit_data, nothing moved aside; with --resplit_data it resumes at that step and
+    finishes. Both command lines are forked from one interpreter
+    (tests/forked_command_lines.py): one import of the trainer."""
+    from test_reliability import run_command_lines
+
+    workdir = _copy(uninterrupted, tmp_path / "run")
+    single = [*LOST_HOST_ARGS, f"--workdir={workdir}", "--config.total_steps=28",
               "--accept_config_change", "--jax_num_cpu_devices=2"]
-    root = pathlib.Path(__file__).resolve().parents[1]
-    refused = subprocess.run(single, env=env, capture_output=True, text=True, timeout=300,
-                             cwd=root)
+    refused, resumed = run_command_lines([single, [*single, "--resplit_data"]])
     assert refused.returncode == 2, refused.stderr[-1500:]
     assert refused.stderr.splitlines()[-1].startswith(
         f"error: checkpoint 24 in {workdir / 'checkpoints'} was written by a run of 2 "
         "processes and this run has 1: each process saved its own place in the data. Resume "
         "with 2 processes, or add --resplit_data")
     assert not (workdir / "checkpoints_set_aside").exists()
-    resumed = subprocess.run([*single, "--resplit_data"], env=env, capture_output=True,
-                             text=True, timeout=300, cwd=root)
     assert resumed.returncode == 0, resumed.stderr[-1500:]
     assert "resumed from step 24: 28 steps of 64 on 2 devices (1 processes)" in resumed.stdout
     assert json.loads((workdir / "results.json").read_text())["steps"] == 28
@@ -310,34 +333,32 @@ def test_the_identity_digests_follow_the_code_and_the_prepared_data(tmp_path):
     assert dataset_digest("mnist1d", str(dirs[0])) == "generated by the code"
 
 
-def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(tmp_path):
+def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(uninterrupted,
+                                                                          tmp_path):
     """A refused write on one host (process 1 under a file-size limit, as a full disk refuses
-    it) while the job saves checkpoint 20: process 1 exits 2 with its own one-line reason,
-    process 0 exits 75 naming process 1, both within checkpoint_timeout_s (10 s) + 90 s (it
-    used to be orbax's 20 minutes, then a traceback); checkpoint 10 is intact."""
-    workdir = tmp_path / "run"
-    args = ["--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
-            "--config.checkpoint_every=10", "--config.evaluation.enabled=False",
-            "--config.checkpoint_timeout_s=10", "--config.launch.heartbeat_timeout_s=5"]
+    it) while the job saves a checkpoint (the finished 2-process workdir of
+    :func:`uninterrupted`, resumed to save step 30): process 1 exits 2 with its own one-line
+    reason, process 0 exits 75 naming process 1, both within checkpoint_timeout_s (10 s) + 90
+    s (it used to be orbax's 20 minutes, then a traceback); checkpoint 24 is intact."""
+    workdir = _copy(uninterrupted, tmp_path / "run")
+    args = [*LOST_HOST_ARGS, f"--workdir={workdir}", "--config.checkpoint_every=10",
+            "--config.checkpoint_timeout_s=10", "--config.total_steps=30",
+            "--accept_config_change"]
     port = str(_free_port())
-    outs = _finish_all([_cli_process(i, port, [*args, "--config.total_steps=10"])
-                        for i in range(2)])
-    assert "done in" in outs[0][0], [e[-1500:] for _, e in outs]
-    port = str(_free_port())
-    limited = [_cli_process(0, port, [*args, "--config.total_steps=20",
-                                      "--accept_config_change"])]
+    limited = [_cli_process(0, port, args)]
     env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
                CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID="1")
     limited.append(subprocess.Popen(  # a shell's ulimit: 8 KiB files, smaller than a save's
         ["bash", "-c", 'ulimit -f 8 && exec "$@"', "bash", sys.executable, "-m",
-         "contrastive_jax.main", *args, "--config.total_steps=20", "--accept_config_change"],
+         "contrastive_jax.main", *args],
         env=env, cwd=pathlib.Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True))
     start = time.monotonic()
     outs = _finish_all(limited)
     assert time.monotonic() - start < 10 + 90  # start-up and the steps included
     assert [p.returncode for p in limited] == [75, 2], [e[-2000:] for _, e in outs]
+    assert "resumed from step 24:" in outs[0][0]
     errors = [[line for line in err.splitlines() if line.startswith("error: ")]
               for _, err in outs]
     assert errors[1] and errors[1][0].startswith(f"error: cannot write in the workdir {workdir}")
@@ -345,9 +366,9 @@ def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(tmp_p
         "error: process 1 did not finish writing a checkpoint within checkpoint_timeout_s "
         "(its own error says why: a full disk, a refused write); process 0 stopped too. Fix "
         "that host, then start every process again with the same command: the run resumes "
-        f"from its last checkpoint (step 10 in {workdir})."], outs[0][1][-2000:]
+        f"from its last checkpoint (step 24 in {workdir})."], outs[0][1][-2000:]
     assert "Traceback" not in outs[0][1]
-    assert (workdir / "checkpoints" / "10" / "commit_success.txt").is_file()
+    assert (workdir / "checkpoints" / "24" / "commit_success.txt").is_file()
 
 
 def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
