@@ -188,7 +188,9 @@ def _train(positional: list[str]) -> int | None:
     launch = launch_settings(config.get("launch"))
     check_workdir(_WORKDIR.value)
     if launch.mode != "single" and not job_supervisor.supervised():
-        return job_supervisor.supervise(_ARGV, _WORKDIR.value, launch)
+        status = job_supervisor.supervise(_ARGV, _WORKDIR.value, launch)
+        if status is not None:  # the supervisor; its forked child (None) trains
+            return status
     enable_compilation_cache()
     join_job(launch)
     job_supervisor.joined()

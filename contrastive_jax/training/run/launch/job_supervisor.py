@@ -11,7 +11,9 @@ function (``std::bad_cast``, then ``terminate``; jaxlib 0.10.2, checked 2026-12-
 service's ``recoverable`` mode keeps processes alive only while process 0 lives.
 
 So ``python -m contrastive_jax.main`` of a multi-process launch trains in a child process
-(the same command, :data:`SUPERVISED_ENV` set) and watches its stderr. Lines pass through as
+(this process forked once its flags are parsed, :data:`SUPERVISED_ENV` set: the child needs
+no second start-up of Python and its imports; the same command started anew where threads
+already run) and watches its stderr. Lines pass through as
 they come until the first line of the coordination service's failure report or of a Python
 traceback (a collective whose peer went away fails first, in Python); from there stderr is
 held back. When the child has exited after the service's fatal report (or, failing, after a
@@ -32,6 +34,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from contrastive_jax.training.run.launch.distributed import Launch
@@ -75,16 +78,23 @@ def joined() -> None:
 
 
 def supervise(argv: Sequence[str], workdir: str, launch: Launch, *,
-              program: Sequence[str] | None = None) -> int:
-    """Run ``python -m contrastive_jax.main ARGV`` (``program``: another command, for the
-    tests) as the supervised child of the process of ``launch`` and return the exit status
-    (module docstring): :data:`LOST_PROCESS_STATUS` after the coordination service's fatal
-    report (2 when it came before the child joined the job: the processes never met), else
-    the child's (``128 + n`` when signal ``n`` ended it)."""
-    env = {**os.environ, SUPERVISED_ENV: "1"}
-    program = list(program or [sys.executable, "-m", "contrastive_jax.main"])
-    child = subprocess.Popen([*program, *argv], env=env, stderr=subprocess.PIPE,
-                             preexec_fn=_child_setup)
+              program: Sequence[str] | None = None) -> int | None:
+    """Run this command (``python -m contrastive_jax.main ARGV``) as the supervised child of
+    the process of ``launch`` and return the exit status (module docstring):
+    :data:`LOST_PROCESS_STATUS` after the coordination service's fatal report (2 when it came
+    before the child joined the job: the processes never met), else the child's (``128 + n``
+    when signal ``n`` ended it). The child is this process forked (its imports and parsed
+    flags kept: no second start-up); it gets ``None`` and goes on to train (where Python
+    threads run, the command is started anew instead). ``program``: another command to run
+    instead (the tests)."""
+    if program is None and threading.active_count() == 1:  # no thread to lose in a fork
+        child = _fork()
+        if child is None:
+            return None
+    else:
+        program = program or [sys.executable, "-m", "contrastive_jax.main"]
+        child = subprocess.Popen([*program, *argv], env={**os.environ, SUPERVISED_ENV: "1"},
+                                 stderr=subprocess.PIPE, preexec_fn=_child_setup)
     previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s)) for sig in FORWARDED}
     held: list[str] = []
     met = False
@@ -209,14 +219,59 @@ def last_checkpoint(workdir: str) -> int | None:
     return max(steps) if steps else None
 
 
-def _forward(child: subprocess.Popen, sig: int) -> None:
+def _forward(child, sig: int) -> None:
     if child.poll() is None:
         child.send_signal(sig)
 
 
+class _Forked:
+    """The forked child, as much of :class:`subprocess.Popen` as :func:`supervise` uses."""
+
+    def __init__(self, pid: int, stderr):
+        self.pid, self.stderr, self.returncode = pid, stderr, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:  # reaped meanwhile by poll() in a signal's handler
+                pass
+        self.stderr.close()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+
+def _fork() -> _Forked | None:
+    """Fork this process: in the child (marked supervised, its stderr a pipe to the parent,
+    :func:`_child_setup` done) None, in the parent the child."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 2)
+        os.close(write)
+        os.environ[SUPERVISED_ENV] = "1"
+        _child_setup()
+        return None
+    os.close(write)
+    return _Forked(pid, os.fdopen(read, "rb"))
+
+
 def _child_setup() -> None:
-    """In the child before exec: its own process group (signals come through the parent
-    only), and killed when the parent dies (Linux)."""
+    """In the child (before exec, or after the fork): its own process group (signals come
+    through the parent only), and killed when the parent dies (Linux)."""
     os.setpgid(0, 0)
     if sys.platform.startswith("linux"):
         import ctypes
