@@ -47,12 +47,13 @@ on a dataset written by ``python -m contrastive_jax.training.data.convert_shards
 
 **From a pretrained model** (LiT, [LiT]; docs/pretrained.md): ``pretrained=SOURCE`` (a
 converted directory, a trainer workdir, an open_clip hub directory or cache snapshot, an
-``hf-hub:`` id; :func:`contrastive_jax.pretrained.pretrained_config` reads its model block
-without its weights) makes the model exactly the source's (a CLIP or a SigLIP: then the
+``hf-hub:`` id, a big_vision ``.npz``; :func:`contrastive_jax.pretrained.read_source` reads its
+model block without its weights) makes the model exactly the source's (a CLIP or a SigLIP: then the
 SigLIP method and loss), started from its parameters (``model.init_from``), with the image
 tower locked (``mode=locked``, default: ``model.frozen = "sample_encoder"``) or everything
 trained (``mode=finetune``); the images at the model's size with the model's resize kernel,
-evaluation resize (SigLIP's ``squash``) and mean and std (filled at start from the source),
+evaluation resize (SigLIP's ``squash``) and mean and std (filled at start from the source:
+a trainer workdir's own, a converted directory's or open_clip's),
 captions at its context length with its own tokenizer (the
 source's file, or ``tokenizer=FILE``: that tokenizer's file, e.g. a SigLIP model's
 ``spiece.model``). LiT with a SigLIP image tower is then one config::
@@ -217,12 +218,13 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
                      strategy: str) -> None:
     """The model, pixels, captions and loss of a run that starts from ``source`` (the module
     docstring, "From a pretrained model")."""
-    from contrastive_jax.pretrained import pretrained_config
+    from contrastive_jax.pretrained import read_source
 
     if mode not in ("locked", "finetune"):
         raise ConfigError(f"mode must be 'locked' (LiT: the image tower frozen) or 'finetune'; "
                           f"got {mode!r}")
-    block, spec, pixels = pretrained_config(source)
+    found = read_source(source)  # its description; the weights are read when the run starts
+    block, spec, pixels = found.model, found.tokenizer, found.preprocess
     if block.get("name") != "dual_encoder" or block["sample_encoder"].get("name") != "vit":
         raise ConfigError(f"pretrained={source}: a dual encoder with a ViT image tower is "
                           f"needed; its model is {block.get('name')!r}")
@@ -249,7 +251,7 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
         # the source's resize kernel and evaluation resize (SigLIP: squash)
         "resize": pixels.get("resize", "bicubic"),
         "resize_mode": pixels.get("resize_mode", "shortest"),
-        "mean": None, "std": None})  # the source's, filled at start (run/init_from.py)
+        "mean": None, "std": None})  # the source's, filled at start (training/run_spec.py)
     if block.get("siglip"):
         config.method = "siglip"
         config.loss = {"name": "siglip", "strategy": strategy, "block_size": 1024}

@@ -6,7 +6,7 @@
 reads the parameters of a trainer workdir (its latest usable checkpoint, or ``--step``; the
 model block and pixel settings from its ``config.json``) or of a converted directory
 (``model.json``, ``params/``, ``preprocess.json``;
-:mod:`~contrastive_jax.training.models.converters.converted_directory`) and writes the
+:mod:`~contrastive_jax.training.models.converters.pretrained_source`) and writes the
 layout of an open_clip model on the Hugging Face hub ([OpenCLIP] in docs/references.md)::
 
     OUT/open_clip_model.safetensors  the state dict open_clip's model holds (float32, every key)
@@ -28,35 +28,45 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.open_clip_export import export, read_converted
-from contrastive_jax.training.parameter_paths import leaves_by_path, nested
-from contrastive_jax.training.run import init_from
-from contrastive_jax.training.run.workdir.config_record import recorded_config, upgrade
+from contrastive_jax.training.models.converters.open_clip_export import export
+from contrastive_jax.training.models.converters.pretrained_source import (
+    PretrainedSource,
+    read_source,
+    source_kind,
+    with_weights,
+)
+from contrastive_jax.training.parameter_paths import leaves_by_path
 
 
-def read_workdir(workdir: str | os.PathLike, step: int | None = None
-                 ) -> tuple[dict[str, Any], dict, dict[str, Any], str]:
-    """``(model block, params, data.preprocess, description)`` of a trainer workdir: its
-    ``config.json`` and its latest usable checkpoint's ``state.params``, or checkpoint
-    ``step`` (:func:`contrastive_jax.training.run.init_from.read`)."""
-    recorded = recorded_config(workdir)
-    if recorded is None:
-        raise ConfigError(f"--workdir {workdir}: no config.json, so not a trainer workdir "
-                          "(a converted directory is --converted)")
-    recorded = upgrade(recorded)
-    preprocess = dict(dict(recorded.get("data") or {}).get("preprocess") or {})
-    stored = init_from.read(workdir, step=step)
-    for why in stored.skipped:
-        print(f"warning: --workdir {workdir}: {why}; using an earlier one")
-    return dict(recorded.get("model") or {}), nested(stored.params), preprocess, \
-        stored.description
+def read_export_source(path: str | os.PathLike, kind: str, step: int | None = None
+                       ) -> PretrainedSource:
+    """The source to export, with its weights: ``kind`` ``"workdir"`` (``--workdir``: its
+    latest usable checkpoint, or ``step``; the model block and pixel settings from its
+    ``config.json``) or ``"converted"`` (``--converted``), read by the one pretrained-source
+    reader (:mod:`~contrastive_jax.training.models.converters.pretrained_source`); a path of
+    another kind is a :class:`ConfigError` naming the flag that fits."""
+    flag = {"workdir": "--workdir", "converted": "--converted"}[kind]
+    found = source_kind(path)
+    if found != kind:
+        other = {"workdir": "a trainer workdir is --workdir",
+                 "converted": "a converted directory is --converted"}.get(found, "")
+        what = {"workdir": "config.json and checkpoints/", "converted": "model.json and "
+                "params/"}[kind]
+        raise ConfigError(f"{flag} {path}: no {what}, so not a "
+                          f"{'trainer workdir' if kind == 'workdir' else 'converted directory'}"
+                          f"{' (' + other + ')' if other else ''}")
+    source = with_weights(read_source(path, step=step))
+    if not source.model:
+        raise ConfigError(f"{flag} {path}: no config.json, so the model is not recorded")
+    for why in source.skipped:
+        print(f"warning: {flag} {path}: {why}; using an earlier one")
+    return source
 
 
 FLAGS = flags.FlagValues()  # this command's own (contrastive_jax.command_line)
@@ -92,12 +102,13 @@ def _export(positional: list[str]) -> None:
         raise ConfigError("--step applies to --workdir (a converted directory holds one set "
                           "of parameters)")
     if _WORKDIR.value is not None:
-        block, params, preprocess, where = read_workdir(_WORKDIR.value, _STEP.value)
+        source = read_export_source(_WORKDIR.value, "workdir", _STEP.value)
     else:
-        block, params, preprocess, where = read_converted(_CONVERTED.value)
-    config = export(_OUTPUT.value, block, params, preprocess,
+        source = read_export_source(_CONVERTED.value, "converted")
+    config = export(_OUTPUT.value, source.model, source.params, source.preprocess,
                     timm_model_name=_TIMM_MODEL_NAME.value)
-    leaves = leaves_by_path(params).values()
+    where = source.description
+    leaves = leaves_by_path(source.params).values()
     count = sum(int(np.prod(np.shape(x))) for x in leaves)
     kind = ("CustomTextCLIP, timm trunk " + config["model_cfg"]["vision_cfg"]["timm_model_name"]
             if config["model_cfg"].get("custom_text") else "CLIP")

@@ -6,14 +6,19 @@
     x, y = model.embed_samples(images), model.embed_texts(texts)
 
 the counterpart of open_clip's ``create_model_and_transforms`` + ``get_tokenizer``
-([OpenCLIP] in docs/references.md). ``path_or_name`` is, in the order tried:
+([OpenCLIP] in docs/references.md). ``path_or_name`` is classified and read by the one
+pretrained-source reader (:func:`read_source`, :func:`with_weights`:
+:mod:`~contrastive_jax.training.models.converters.pretrained_source`, re-exported here with
+its record :class:`PretrainedSource`):
 
 - a **converted directory** (``model.json`` + ``params/``, written by the converters:
   :mod:`~contrastive_jax.training.models.converters.clip_import`,
   :mod:`~contrastive_jax.training.models.converters.big_vision_import`), with its
   ``preprocess.json`` and ``tokenizer.json``;
 - a **trainer workdir** of a dual encoder (``config.json`` + ``checkpoints/``): the latest
-  usable checkpoint's parameters, the run's ``data.preprocess`` pixels and tokenizer;
+  usable checkpoint's parameters and BatchNorm statistics, the run's ``data.preprocess``
+  pixels and tokenizer;
+- a big_vision SigLIP ``.npz`` file, converted in memory;
 - an **open_clip model** that open_clip's own files describe: a hub-layout directory
   (``open_clip_config.json`` + ``open_clip_model.safetensors``), a Hugging Face cache snapshot,
   or a model name (``"ViT-B-16-SigLIP"``, with ``pretrained=TAG`` for a named release), all
@@ -55,6 +60,11 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.converters.pretrained_source import (
+    PretrainedSource,
+    read_source,
+    with_weights,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,175 +120,35 @@ class TextTokenizer:
         return self.tokenizer.encode(texts, self.context_length)
 
 
-@dataclasses.dataclass(frozen=True)
-class PretrainedSource:
-    """What a source holds, before a model is built: the ``model`` block, the parameters (a
-    nested pure dict, as ``nnx.to_pure_dict``), the pixel settings and the tokenizer spec
-    (``data.preprocess`` fields; either may be ``None``) and a description for messages."""
-
-    model: dict[str, Any]
-    params: Any
-    preprocess: dict[str, Any] | None
-    tokenizer: dict[str, Any] | None
-    description: str
-    tokenizer_name: str | None = None  # open_clip's hf_tokenizer_name, for messages
-
-
-def read_source(path_or_name: str | os.PathLike, *, pretrained: str | None = None,
-                step: int | None = None) -> PretrainedSource:
-    """The :class:`PretrainedSource` of a converted directory, a trainer workdir (its latest
-    usable checkpoint, or ``step``), a big_vision SigLIP ``.npz`` file, or an open_clip hub
-    directory / cache / model name (module docstring); a :class:`ConfigError` saying what was
-    looked for otherwise."""
-    path = os.fspath(path_or_name)
-    if step is not None and not (os.path.isdir(os.path.join(path, "checkpoints"))
-                                 and os.path.isfile(os.path.join(path, "config.json"))):
-        raise ConfigError(f"step={step} names a checkpoint of a trainer workdir; {path} is not "
-                          "one (config.json + checkpoints/): drop the step")
-    if path.endswith(".npz") and os.path.isfile(path):
-        from contrastive_jax.training.models.converters.big_vision_import import (
-            convert_npz,
-            npz_preprocess,
-        )
-
-        try:
-            model, params = convert_npz(path)
-        except ConfigError as err:
-            if "_heads" not in str(err):
-                raise
-            raise ConfigError(f"{path}: {err}; convert it with its heads first: python -m "
-                              "contrastive_jax.training.models.converters.big_vision_import "
-                              f"--checkpoint={path} --vision_heads=N --text_heads=N "
-                              "--output=DIR, then load DIR") from None
-        return PretrainedSource(model, params, npz_preprocess(model),
-                                {"kind": "sentencepiece_open_clip"}, f"big_vision {path}")
-    converted = os.path.isfile(os.path.join(path, "model.json")) and \
-        os.path.isdir(os.path.join(path, "params"))
-    workdir = os.path.isdir(os.path.join(path, "checkpoints")) and \
-        os.path.isfile(os.path.join(path, "config.json"))
-    if pretrained is not None and (converted or workdir):
-        raise ConfigError(f"pretrained={pretrained!r} names an open_clip release; {path} is a "
-                          f"{'converted directory' if converted else 'trainer workdir'}, which "
-                          "holds one model: drop it")
-    if converted:
-        from contrastive_jax.training.models.converters.converted_directory import (
-            converted_extras,
-            load_converted,
-        )
-
-        model, params = load_converted(path)
-        preprocess, tokenizer = converted_extras(path)
-        return PretrainedSource(model, params, preprocess, tokenizer, f"converted {path}")
-    if workdir:
-        return _workdir(path, step)
-    from contrastive_jax.training.models.converters.clip_import import convert_open_clip
-
-    converted = convert_open_clip(path, pretrained=pretrained)
-    return PretrainedSource(converted.model, converted.params, converted.preprocess,
-                            converted.tokenizer, converted.description,
-                            converted.tokenizer_name)
-
-
-def _workdir(path: str, step: int | None = None) -> PretrainedSource:
-    """A trainer workdir's latest usable parameters (or ``step``'s) and its config's pixels and
-    tokenizer."""
-    import json
-
-    from contrastive_jax.training.models.converters.open_clip_tensors import model_leaves
-    from contrastive_jax.training.models.scanned_layers import to_layout
-    from contrastive_jax.training.parameter_paths import nested
-    from contrastive_jax.training.run.init_from import read
-    from contrastive_jax.training.run.workdir.config_record import upgrade
-
-    stored = read(path, step=step)
-    with open(os.path.join(path, "config.json")) as f:
-        config = upgrade(json.load(f))
-    model = dict(config.get("model", {}))
-    if model.get("name") != "dual_encoder":
-        raise ConfigError(f"{path} is a workdir of a {model.get('name')!r} model; "
-                          "load_pretrained gives dual encoders (image and text towers)")
-    # in the layout the recorded model block builds today (a run saved before scanned layers
-    # holds unrolled blocks)
-    params = nested(to_layout(stored.params, model_leaves(model)))
-    pre = dict(config.get("data", {}).get("preprocess", {}))
-    preprocess = None
-    if pre.get("name") == "image_text":
-        from contrastive_jax.training.augmentations.pixels import pixel_normalization
-
-        pixels = pixel_normalization(pre) or ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # [0, 1] as is
-        preprocess = {"image_size": model["sample_encoder"].get("image_size"),
-                      "resize": pre.get("resize", "bicubic"), "mean": pixels[0],
-                      "std": pixels[1]}
-    tokenizer = dict(pre.get("tokenizer") or {"kind": "words", "path": ""})
-    return PretrainedSource(model, params, preprocess, tokenizer, f"workdir {stored.description}")
-
-
-def pretrained_config(path_or_name: str | os.PathLike, *, pretrained: str | None = None
-                      ) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
-    """``(model block, tokenizer spec or None, pixel settings or None)`` of the sources of
-    :func:`read_source`, read from their configs alone (no parameters are read): a converted
-    directory's ``model.json``, ``tokenizer.json`` and ``preprocess.json``, a workdir's
-    ``config.json``, an open_clip model's config and ``preprocess_cfg`` (its
-    ``init_temperature`` / ``init_bias`` are the config's initial values, not the
-    checkpoint's). For a config whose model starts from the source (``model.init_from``)."""
-    import json
-
-    path = os.fspath(path_or_name)
-    if os.path.isfile(os.path.join(path, "model.json")):
-        from contrastive_jax.training.models.converters.converted_directory import (
-            converted_extras,
-        )
-
-        with open(os.path.join(path, "model.json")) as f:
-            block = json.load(f)
-        preprocess, tokenizer = converted_extras(path)
-        return block, tokenizer, preprocess
-    if os.path.isdir(os.path.join(path, "checkpoints")) and \
-            os.path.isfile(os.path.join(path, "config.json")):
-        from contrastive_jax.training.run.workdir.config_record import upgrade
-
-        with open(os.path.join(path, "config.json")) as f:
-            config = upgrade(json.load(f))
-        pre = dict(config.get("data", {}).get("preprocess", {}))
-        return (dict(config.get("model", {})), dict(pre.get("tokenizer") or {}) or None,
-                {k: pre[k] for k in ("mean", "std", "resize", "resize_mode", "image_size")
-                 if pre.get(k) is not None} or None)
-    from contrastive_jax.training.models.converters import open_clip_config, open_clip_sources
-
-    source = open_clip_sources.resolve(path, pretrained=pretrained)
-    if source.model_cfg is None:
-        raise ConfigError(f"{path}: no open_clip config (open_clip_config.json) to read the "
-                          "model from; convert it with clip_import and its config first")
-    block = open_clip_config.model_block(source.model_cfg, timm_args=source.timm_args)
-    return (block.model, open_clip_sources.tokenizer_spec(block.tokenizer, source.directory,
-                                                          source.model_cfg.get("text_cfg")),
-            open_clip_sources.source_preprocess(source,
-                                                block.model["sample_encoder"]["image_size"]))
-
-
-def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32"):
-    """The model of the ``model`` block holding ``params`` (nested pure dict); built with
-    shapes only (``nnx.eval_shape``), then every parameter set. ``dtype``: the compute dtype
-    (``model.dtype``); the parameters stay float32."""
+def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str = "float32",
+                           rest: Any = None):
+    """The model of the ``model`` block holding ``params`` (nested pure dict) and ``rest`` (its
+    other state, a trainer workdir's BatchNorm statistics; nested, may be ``{}`` or ``None``
+    for a model without any); built with shapes only (``nnx.eval_shape``), then every
+    variable set. ``dtype``: the compute dtype (``model.dtype``); the parameters stay float32.
+    A parameter or statistic the model lacks, or one it has that is not given, is a
+    :class:`ConfigError` naming it."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from contrastive_jax.training.models import build_model
+    from contrastive_jax.training.models import architecture_block, build_model
 
-    config = {k: v for k, v in dict(model).items() if k not in ("frozen", "init_from")}
-    config["dtype"] = dtype
+    config = {**architecture_block(model), "dtype": dtype}
     shell = nnx.eval_shape(lambda: build_model(config, nnx.Rngs(0)))
-    state = nnx.state(shell, nnx.Param)
-    expected = {jax.tree_util.keystr(k): x.shape
-                for k, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state))}
-    given = {jax.tree_util.keystr(k): np.shape(x)
-             for k, x in jax.tree_util.tree_leaves_with_path(params)}
-    if expected != given:
-        diff = sorted(set(expected.items()) ^ set(given.items()))
-        raise ConfigError(f"the stored parameters do not fit the model block: {diff[:4]}")
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(shell, state)
+    for what, kind, values in (("parameters", nnx.Param, params),
+                               ("BatchNorm statistics", nnx.BatchStat, rest or {})):
+        state = nnx.state(shell, kind)
+        expected = {jax.tree_util.keystr(k): x.shape
+                    for k, x in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state))}
+        given = {jax.tree_util.keystr(k): np.shape(x)
+                 for k, x in jax.tree_util.tree_leaves_with_path(values)}
+        if expected != given:
+            diff = sorted(set(expected.items()) ^ set(given.items()))
+            raise ConfigError(f"the stored {what} do not fit the model block: {diff[:4]}")
+        if expected:
+            nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, values))
+            nnx.update(shell, state)
     return shell
 
 
@@ -305,7 +175,10 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
     (:func:`~contrastive_jax.training.models.converters.big_vision_import.convert_npz`; its
     tokenizer: ``tokenizer=`` the SigLIP ``spiece.model``).
     """
-    source = read_source(path_or_name, pretrained=pretrained, step=step)
+    source = with_weights(read_source(path_or_name, pretrained=pretrained, step=step))
+    if source.model.get("name") != "dual_encoder":
+        raise ConfigError(f"{source.description} holds a {source.model.get('name')!r} model; "
+                          "load_pretrained gives dual encoders (image and text towers)")
     if image_size is not None or max_tokens is not None:
         from contrastive_jax.training.models.position_resampling import resized_model
 
@@ -313,7 +186,7 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
             source.model, source.params, source.preprocess, image_size=image_size,
             max_tokens=max_tokens, what="load_pretrained")
         source = dataclasses.replace(source, model=model_block, params=params, preprocess=pre)
-    model = build_pretrained_model(source.model, source.params, dtype=dtype)
+    model = build_pretrained_model(source.model, source.params, dtype=dtype, rest=source.rest)
     preprocess = None
     if source.preprocess is not None:
         pre = source.preprocess
@@ -326,6 +199,7 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
 
 
 def _tokenizer(source: PretrainedSource, choice) -> TextTokenizer | None:
+    """The tokenizer ``load_pretrained``'s ``tokenizer=`` asks for (its docstring)."""
     from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 
     if choice is False:
@@ -354,52 +228,55 @@ def _tokenizer(source: PretrainedSource, choice) -> TextTokenizer | None:
     return TextTokenizer(loaded, int(text["max_tokens"]))
 
 
-def evaluate_pretrained(config) -> dict[str, Any]:
-    """The trainer's evaluation (:func:`contrastive_jax.training.evaluation.run_evaluation.
-    evaluate`) of a pretrained model, before any training: ``config`` is a training config
-    whose ``model.init_from`` names the whole model's source (a converted directory, a
-    workdir, an open_clip model; e.g. the pod template's ``pretrained=SOURCE``). The model is
-    built and loaded as a run starting from it (``build_model``, ``init_from``, the data's
-    mean and std from the source when the config sets none; no optimiser state), placed on the
-    mesh
-    of ``config.mesh``, and evaluated on ``data.eval_split``: retrieval Recall@1/5/10 both ways,
-    alignment, uniformity, and zero-shot top-1/top-5 with ``evaluation.zero_shot`` class
-    names and templates (docs/pretrained.md). Returns the evaluation's results."""
+def evaluate_pretrained(run) -> dict[str, Any]:
+    """The trainer's evaluation (:func:`contrastive_jax.training.evaluation.evaluators.
+    evaluate`) of a pretrained model, before any training. ``run``: the
+    :class:`~contrastive_jax.training.run_spec.RunSpec` of a training config whose
+    ``model.init_from`` names the whole model's source (a converted directory, a workdir, an
+    open_clip model; e.g. the pod template's ``pretrained=SOURCE``), or such a config, resolved
+    here (:func:`~contrastive_jax.training.run_spec.resolve`: the source's description read
+    once, the data's mean and std from it when the config sets none). The model is built and
+    loaded as a run starting from it (``build_model``, ``init_from``; no optimiser state),
+    placed on the spec's mesh, and evaluated on ``data.eval_split`` by the spec's evaluators:
+    retrieval Recall@1/5/10 both ways, alignment, uniformity, and zero-shot top-1/top-5 with
+    ``evaluation.zero_shot`` class names and templates (docs/pretrained.md). Returns the
+    evaluation's results."""
     import types
 
     import jax
     from flax import nnx
 
-    from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.evaluation.run_evaluation import evaluate
-    from contrastive_jax.training.models import build_model
-    from contrastive_jax.training.run import init_from, pretrained_pixels
+    from contrastive_jax.training.evaluation.evaluators import evaluate
+    from contrastive_jax.training.models import architecture_block, build_model
+    from contrastive_jax.training.run import init_from
+    from contrastive_jax.training.run_spec import RunSpec, resolve
     from contrastive_jax.training.step.state_sharding import state_shardings
-    from contrastive_jax.training.step.train_state import TRAINING_SETTINGS
 
-    specs = init_from.init_specs(config.model.get("init_from", ""))
+    specs = init_from.init_specs(run.model.get("init_from", "") if not isinstance(
+        run, RunSpec) else run.config.model.get("init_from", ""))
     if len(specs) != 1 or specs[0].source or specs[0].target:
+        given = (run.config if isinstance(run, RunSpec) else run).model.get("init_from")
         raise ConfigError("evaluate_pretrained needs model.init_from = {'path': SOURCE}: one "
-                          f"source for the whole model; got {config.model.get('init_from')!r}")
-    config, lines = pretrained_pixels.pretrained_preprocess(config)
-    for line in lines:
+                          f"source for the whole model; got {given!r}")
+    spec = run if isinstance(run, RunSpec) else resolve(run)
+    for line in spec.messages:
         print(line, flush=True)
+    config = spec.config
     # the model and its parameters as a run starting from the source has them (no optimiser
     # state: only the parameters and the rest are evaluated)
-    block = {k: v for k, v in dict(config.model).items() if k not in TRAINING_SETTINGS}
-    graphdef, params, rest = nnx.split(build_model(block, nnx.Rngs(config.seed)), nnx.Param,
+    graphdef, params, rest = nnx.split(build_model(architecture_block(config.model),
+                                                   nnx.Rngs(config.seed)), nnx.Param,
                                        ...)
     params, rest, lines = init_from.load_into(params, rest, config.model,
-                                              config.model.init_from)
+                                              config.model.init_from, spec.sources)
     for line in lines:
         print(line, flush=True)
-    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     state = types.SimpleNamespace(params=params, rest=rest)
-    shardings = state_shardings(config.get("sharding"), mesh,
+    shardings = state_shardings(config.get("sharding"), spec.mesh,
                                 {"params": params, "rest": rest})
     state.params = jax.device_put(params, shardings["params"])
     state.rest = jax.device_put(rest, shardings["rest"])
-    return evaluate(graphdef, state, config, mesh)
+    return evaluate(graphdef, state, config, spec.mesh, spec.evaluators)
 
 
 PROMPT_CHUNK = 256  # prompts per text-tower call
@@ -437,5 +314,5 @@ def zero_shot_classifier(model, tokenizer: TextTokenizer, class_names: Sequence[
 
 
 __all__ = ["ImagePreprocess", "PretrainedSource", "TextTokenizer", "build_pretrained_model",
-           "evaluate_pretrained", "load_pretrained", "pretrained_config", "read_source",
+           "evaluate_pretrained", "load_pretrained", "read_source", "with_weights",
            "zero_shot_classifier"]

@@ -24,7 +24,15 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.models.converters import big_vision_import, converted_directory
+from contrastive_jax.training.models.converters import big_vision_import, pretrained_source
+
+
+def model_and_params(path, **kwargs):
+    """``(model block, params)`` of :func:`big_vision_import.convert_npz`'s source record."""
+    source = big_vision_import.convert_npz(path, **kwargs)
+    assert source.kind == "big_vision" and source.has_weights
+    return source.model, source.params
+
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 CHECKPOINT = FIXTURES / "big_vision_tiny_siglip.npz"
@@ -71,7 +79,7 @@ def test_exact_gelu_computes_what_open_clip_computes():
     """activation="gelu" is open_clip's reading of the file: float32 within 1e-5 of open_clip's
     float64 outputs (measured ~1.3e-7), float64 within 1e-12 (measured ~5e-16)."""
     ref = reference()
-    config, params = big_vision_import.convert_npz(CHECKPOINT, activation="gelu", **HEADS)
+    config, params = model_and_params(CHECKPOINT, activation="gelu", **HEADS)
     assert config["sample_encoder"]["activation"] == config["text_encoder"]["activation"] == "gelu"
     x, y, logits = jitted_outputs(model_with(config, params),
                                   jnp.asarray(ref["images"], jnp.float32), ref["texts"])
@@ -93,7 +101,7 @@ def test_default_tanh_gelu_differs_from_open_clip_by_a_measured_amount():
     the image features by 3.1e-5, the text features by 9.3e-5 and the logits by 6.7e-5
     relative to open_clip's exact-GELU reading (measured): a real choice, and a small one."""
     ref = reference()
-    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
+    config, params = model_and_params(CHECKPOINT, **HEADS)
     assert config["sample_encoder"]["activation"] == config["text_encoder"]["activation"] \
         == "gelu_tanh"
     with jax.enable_x64(True):  # the difference itself, without float32 rounding
@@ -187,7 +195,7 @@ def test_float64_equals_numpy_transcription_of_big_vision(tmp_path, image_head):
         np.savez(path, **{k: v.astype(np.float32) for k, v in arrays.items()})
         arrays = {k: v.astype(np.float32).astype(np.float64) for k, v in arrays.items()}
     ref = reference()
-    config, params = big_vision_import.convert_npz(path, **HEADS)
+    config, params = model_and_params(path, **HEADS)
     assert config["sample_projection"] == ("linear_bias" if image_head else "none")
     with jax.enable_x64(True):
         x, y, logits = jitted_outputs(model_with(config, as_float64(params)),
@@ -201,7 +209,7 @@ def test_float64_equals_numpy_transcription_of_big_vision(tmp_path, image_head):
 
 
 def test_converted_config_is_siglip():
-    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
+    config, params = model_and_params(CHECKPOINT, **HEADS)
     vision, text = config["sample_encoder"], config["text_encoder"]
     assert {k: vision[k] for k in ("image_size", "patch", "in_channels", "width", "depth",
                                    "heads", "mlp_width")} == {
@@ -254,8 +262,8 @@ def test_other_layouts_give_the_same_parameters(tmp_path, layout):
         arrays = {k: v.astype(ml_dtypes.bfloat16) for k, v in arrays.items()}
     path = tmp_path / f"{layout}.npz"
     np.savez(path, **arrays)
-    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
-    got_config, got = big_vision_import.convert_npz(path, **HEADS)
+    config, params = model_and_params(CHECKPOINT, **HEADS)
+    got_config, got = model_and_params(path, **HEADS)
     assert got_config == config or layout == "bfloat16"
     want = params
     if layout == "bfloat16":
@@ -399,12 +407,12 @@ def test_command_line_writes_a_directory_that_reads_back(tmp_path, capsys):
                                    "--activation=gelu"]) == 0
     printed = capsys.readouterr().out
     assert "12,594 parameters" in printed and "activation gelu" in printed
-    config, params = big_vision_import.convert_npz(CHECKPOINT, activation="gelu", **HEADS)
+    config, params = model_and_params(CHECKPOINT, activation="gelu", **HEADS)
     assert json.loads((out / "model.json").read_text()) == config
     assert json.loads((out / "preprocess.json").read_text()) == {
         "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "resize": "bilinear",
         "resize_mode": "squash", "image_size": 16}
-    restored_config, restored = converted_directory.load_converted(out)
+    restored_config, restored = pretrained_source.load_converted(out)
     assert restored_config == config
     leaves = jax.tree_util.tree_leaves_with_path(restored)
     assert len(leaves) == len(jax.tree.leaves(params))
@@ -434,7 +442,7 @@ def test_load_pretrained_reads_an_npz_as_the_importer_converts_it(monkeypatch):
     monkeypatch.setitem(big_vision_import.VARIANTS, "fixture_text", (12, 1, 48, 2))
     with pytest.warns(UserWarning, match="heads = 2 assumed from the width 16"):
         source = read_source(str(CHECKPOINT))
-    config, params = big_vision_import.convert_npz(CHECKPOINT, **HEADS)
+    config, params = model_and_params(CHECKPOINT, **HEADS)
     assert source.model == config and source.tokenizer == {"kind": "sentencepiece_open_clip"}
     assert jax.tree.all(jax.tree.map(lambda a, b: np.array_equal(a, b), source.params, params))
     assert source.preprocess == big_vision_import.npz_preprocess(config)

@@ -31,9 +31,9 @@ from contrastive_jax import clip_export
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters import (
     clip_import,
-    converted_directory,
     open_clip_export,
     open_clip_tensors,
+    pretrained_source,
 )
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
@@ -68,7 +68,7 @@ def test_exported_fixture_is_the_original_state_dict(case, tmp_path):
         block, params = clip_import.convert_checkpoint(path, quick_gelu=case == "quickgelu",
                                             vision_heads=2, text_heads=2)
         pixels, original, extra = CLIP_PREPROCESS, load_file(path), []
-    converted_directory.save_converted(tmp_path / "converted", block, params, preprocess=pixels)
+    pretrained_source.save_converted(tmp_path / "converted", block, params, preprocess=pixels)
     out = tmp_path / "open_clip"
     assert clip_export.main([f"--converted={tmp_path / 'converted'}", f"--output={out}",
                              *extra]) == 0

@@ -28,7 +28,7 @@ from contrastive_jax.training.models import build_model
 from contrastive_jax.training.models.converters import (
     clip_import,
     clip_state_dict,
-    converted_directory,
+    pretrained_source,
 )
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
@@ -238,10 +238,10 @@ def test_bfloat16_compute_stays_close_to_open_clip():
 def test_saved_directory_restores_the_same_model(tmp_path):
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
-    converted_directory.save_converted(out, config, params)
+    pretrained_source.save_converted(out, config, params)
     assert json.loads((out / "model.json").read_text()) == config
     assert (out / "params").is_dir()
-    restored_config, restored = converted_directory.load_converted(out)
+    restored_config, restored = pretrained_source.load_converted(out)
     assert restored_config == config
     reference = np.load(QUICK.with_suffix(".npz"))
     a = jitted_outputs(model_with(config, params), reference["images"], reference["texts"])
@@ -250,7 +250,7 @@ def test_saved_directory_restores_the_same_model(tmp_path):
     for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(u, v)
     with pytest.raises(ConfigError, match="not an empty directory"):
-        converted_directory.save_converted(out, config, params)
+        pretrained_source.save_converted(out, config, params)
 
 
 def test_command_line(tmp_path, capsys):

@@ -20,7 +20,7 @@ from test_clip_import import EXACT, HEADS, QUICK, rel_error
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.pretrained import ImagePreprocess, TextTokenizer, load_pretrained
 from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
-from contrastive_jax.training.models.converters import clip_import, converted_directory
+from contrastive_jax.training.models.converters import clip_import, pretrained_source
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 CLIP_PIXELS = {"mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
@@ -37,7 +37,7 @@ def encoded_fixture_images() -> list[bytes]:
 def converted_exact(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("pretrained") / "exact"
     config, params = clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
-    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
+    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     return out
 
 
@@ -72,7 +72,7 @@ def test_the_recorded_tokenizer_comes_back_and_must_fit_the_text_tower(tmp_path)
     merges = FIXTURES / "clip_bpe_merges.txt.gz"
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "with_tokenizer"
-    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS,
+    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS,
                                        tokenizer={"kind": "clip_bpe", "path": str(merges)})
     assert (out / "tokenizer" / merges.name).read_bytes() == merges.read_bytes()
     # the fixture's text tower has 100 ids; the merges file's tokenizer needs 2,406
@@ -82,7 +82,7 @@ def test_the_recorded_tokenizer_comes_back_and_must_fit_the_text_tower(tmp_path)
     params["text_encoder"]["tokens"]["embedding"] = np.resize(
         params["text_encoder"]["tokens"]["embedding"], (2406, 32))
     out = tmp_path / "wide"
-    converted_directory.save_converted(out, wide, params, preprocess=CLIP_PIXELS,
+    pretrained_source.save_converted(out, wide, params, preprocess=CLIP_PIXELS,
                                        tokenizer={"kind": "clip_bpe", "path": str(merges)})
     model, _, tokenizer = load_pretrained(out)
     assert isinstance(tokenizer, TextTokenizer) and tokenizer.context_length == 16
@@ -117,7 +117,8 @@ def test_a_trainer_workdir_gives_its_model_and_tokenizer(tmp_path):
     import jax
     from test_pretrained import clip_quick
 
-    from contrastive_jax.training.run.init_from import read
+    from contrastive_jax.pretrained import read_source, with_weights
+    from contrastive_jax.training.parameter_paths import leaves_by_path
     from contrastive_jax.training.train import train_and_evaluate
 
     config = clip_quick()
@@ -133,7 +134,8 @@ def test_a_trainer_workdir_gives_its_model_and_tokenizer(tmp_path):
 
     for step, loaded in ((2, flat(model)),  # the latest, and step=1 on request
                          (1, flat(load_pretrained(tmp_path / "run", step=1)[0]))):
-        stored = read(tmp_path / "run", step=step).params
+        stored = {k: np.asarray(v) for k, v in leaves_by_path(with_weights(read_source(
+            tmp_path / "run", step=step)).params).items()}
         assert sorted(loaded) == sorted(stored)
         assert all(loaded[k].tobytes() == stored[k].tobytes() for k in stored)
     assert any(flat(model)[k].tobytes() != v.tobytes() for k, v in loaded.items())
@@ -156,7 +158,7 @@ def test_zero_shot_classifier_is_clips_prompt_ensemble(tmp_path):
 
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
-    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
+    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     model, _, _ = load_pretrained(out, tokenizer=False)
 
     class Hashing:  # ids of a text: a deterministic function of it, 100-id vocabulary
@@ -240,7 +242,7 @@ def test_init_from_takes_an_open_clip_hub_directory_with_its_pixels(tmp_path):
     from contrastive_jax.training.methods import method_for
     from contrastive_jax.training.parameter_paths import path_name
     from contrastive_jax.training.run.init_from import load_into
-    from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
+    from contrastive_jax.training.run_spec import source_pixels
     from contrastive_jax.training.step.train_state import create_state
 
     hub = siglip_hub_directory(tmp_path)
@@ -258,7 +260,7 @@ def test_init_from_takes_an_open_clip_hub_directory_with_its_pixels(tmp_path):
     assert sorted(got) == sorted(want)
     assert all(got[k].tobytes() == want[k].tobytes() for k in want)
     config.data.preprocess.mean = config.data.preprocess.std = None
-    filled, lines = pretrained_preprocess(config)
+    filled, lines = source_pixels(config)
     assert tuple(filled.data.preprocess.mean) == tuple(filled.data.preprocess.std) == (0.5,) * 3
     assert "open_clip preprocess_cfg" in lines[0]
     with pytest.raises(ConfigError, match=r"neither a converted checkpoint .* nor an open_clip "
@@ -294,26 +296,32 @@ def test_the_converter_copies_the_tokenizer_into_the_directory(tmp_path, capsys)
         "kind": "clip_bpe", "path": f"tokenizer/{merges.name}"}
 
 
-def test_pretrained_config_reads_the_model_without_its_weights(tmp_path):
-    """pretrained_config of a SigLIP hub directory: the converted model's block (but for the
-    logit scale and bias, which only the weights hold), its tokenizer spec and SigLIP's pixels,
-    with the weight file removed; of a converted directory: its files as written."""
-    from contrastive_jax.pretrained import pretrained_config, read_source
+def test_read_source_reads_the_model_without_its_weights(tmp_path):
+    """read_source of a SigLIP hub directory: the converted model's block (but for the logit
+    scale and bias, which only the weights hold), its tokenizer spec and SigLIP's pixels,
+    with the weight file removed; with_weights then gives the conversion's; of a converted
+    directory: its files as written."""
+    from contrastive_jax.pretrained import read_source, with_weights
 
     hub = siglip_hub_directory(tmp_path)
-    converted = read_source(hub)
+    converted = with_weights(read_source(hub))
+    assert converted.has_weights and converted.model["init_bias"] != -10
     (hub / "open_clip_model.safetensors").unlink()
-    block, tokenizer, pixels = pretrained_config(hub)
+    described = read_source(hub)
+    assert not described.has_weights and described.kind == "open_clip"
     initial = ("init_temperature", "init_bias")
-    assert {k: v for k, v in block.items() if k not in initial} == \
+    assert {k: v for k, v in described.model.items() if k not in initial} == \
         {k: v for k, v in converted.model.items() if k not in initial}
-    assert block["init_bias"] == -10 and converted.model["init_bias"] != -10
-    assert tokenizer == converted.tokenizer
-    assert pixels == {"mean": [0.5] * 3, "std": [0.5] * 3, "resize": "bicubic",
-                      "resize_mode": "squash", "image_size": 16}
+    assert described.model["init_bias"] == -10
+    assert described.tokenizer == converted.tokenizer
+    pixels = {"mean": [0.5] * 3, "std": [0.5] * 3, "resize": "bicubic",
+              "resize_mode": "squash", "image_size": 16}
+    assert described.preprocess == pixels
     out = tmp_path / "converted"
-    converted_directory.save_converted(out, converted.model, converted.params,
-                                       preprocess=pixels, tokenizer=converted.tokenizer)
-    block, tokenizer, stored = pretrained_config(out)
-    assert block == converted.model and stored == pixels
-    assert tokenizer == {**converted.tokenizer, "path": str(out / "tokenizer" / "spiece.model")}
+    pretrained_source.save_converted(out, converted.model, converted.params,
+                                     preprocess=pixels, tokenizer=converted.tokenizer)
+    stored = read_source(out)
+    assert stored.kind == "converted" and not stored.has_weights
+    assert stored.model == converted.model and stored.preprocess == pixels
+    assert stored.tokenizer == {**converted.tokenizer,
+                                "path": str(out / "tokenizer" / "spiece.model")}

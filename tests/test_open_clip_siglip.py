@@ -24,7 +24,7 @@ from flax import nnx
 from test_clip_import import jitted_outputs, model_with, rel_error
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import converted_directory, open_clip_tensors
+from contrastive_jax.training.models.converters import open_clip_tensors, pretrained_source
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
@@ -264,7 +264,7 @@ def test_lit_run_from_the_converted_directory(tmp_path):
 
     params = siglip_params()
     converted = tmp_path / "siglip"
-    converted_directory.save_converted(converted, SIGLIP_BLOCK, params,
+    pretrained_source.save_converted(converted, SIGLIP_BLOCK, params,
                                        preprocess=SIGLIP_PREPROCESS)
     config = lit_config(converted)
     method = method_for(config)

@@ -22,7 +22,7 @@ from contrastive_jax.training.models import build_model
 from contrastive_jax.training.models.converters import (
     big_vision_import,
     clip_import,
-    converted_directory,
+    pretrained_source,
 )
 from contrastive_jax.training.models.position_resampling import (
     resample_grid_positions,
@@ -64,7 +64,7 @@ def converted(tmp_path_factory):
             FIXTURES / "open_clip_tiny_quickgelu.safetensors", quick_gelu=True,
             vision_heads=2, text_heads=2)
     path = tmp_path_factory.mktemp("converted") / "tiny"
-    converted_directory.save_converted(path, block, params, preprocess={
+    pretrained_source.save_converted(path, block, params, preprocess={
         "mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
         "resize": "bicubic", "image_size": 16})
     return path, block, leaves_by_path(params)
@@ -161,7 +161,7 @@ def test_the_importers_write_the_model_at_another_size(converted, tmp_path, caps
                                    "--vision_heads=2", "--text_heads=2", "--image_size=24",
                                    "--max_tokens=6"]) == 0
     assert "moved from 16 to 36 positions" in capsys.readouterr().out
-    config, params = converted_directory.load_converted(siglip)
+    config, params = pretrained_source.load_converted(siglip)
     source = np.load(checkpoint)
     np.testing.assert_array_equal(np.asarray(params["sample_encoder"]["positions"]),
                                   resample_grid_positions(source["params/img/pos_embedding"],

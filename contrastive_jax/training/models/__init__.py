@@ -70,6 +70,9 @@ MODELS = ("projected_encoder", "dual_encoder")
 DEPRECATED_MODEL_NAMES = {"simclr": "projected_encoder", "moco": "projected_encoder"}
 # model settings of earlier releases that are now a method's: where they live now
 MOVED_TO_METHODS = {"momentum": "moco.momentum", "queue_size": "moco.queue_size"}
+# settings of a model block about how a run trains it (locked towers, a pretrained start):
+# not the architecture, left out of what builds the model (architecture_block)
+TRAINING_SETTINGS = ("frozen", "init_from")
 # every model takes the whole-model settings (compute dtype, rematerialisation, attention)
 MODEL_WIDE = {"dtype", "remat", "remat_policy", "attention"}
 # the towers of each model, as model.remat names them per tower
@@ -176,6 +179,32 @@ def model_name(config: Mapping[str, Any]) -> str:
     return name
 
 
+def architecture_block(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``model`` block as plain values (a ConfigDict's too) without the settings of how a
+    run trains it (:data:`TRAINING_SETTINGS`: ``frozen``, ``init_from``): what
+    :func:`build_model` takes. The one place these settings are left out."""
+    def plain(value: Any) -> Any:
+        if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
+            value = value.to_dict()
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        return value
+
+    return {k: v for k, v in plain(config).items() if k not in TRAINING_SETTINGS}
+
+
+def upgraded_model_block(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``model`` block recorded by an earlier release in today's keys, silently (a record is
+    not the user's to edit): a deprecated ``name`` (:data:`DEPRECATED_MODEL_NAMES`) replaced by
+    the model it names, the settings that moved to a method's block (:data:`MOVED_TO_METHODS`)
+    left out (:func:`~contrastive_jax.training.run.workdir.config_record.upgrade` moves them).
+    Today's blocks come back as they are (a copy)."""
+    block = {k: v for k, v in dict(config).items() if k not in MOVED_TO_METHODS}
+    if block.get("name") in DEPRECATED_MODEL_NAMES:
+        block["name"] = DEPRECATED_MODEL_NAMES[block["name"]]
+    return block
+
+
 def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     """The model of a config's ``model`` block (see the module docstring)."""
     config = dict(config)
@@ -247,7 +276,8 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     return cls(**kwargs, **settings, rngs=rngs)
 
 
-__all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MOVED_TO_METHODS", "DualEncoder",
+__all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MOVED_TO_METHODS",
+           "TRAINING_SETTINGS", "DualEncoder",
            "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet", "SignalCNN",
-           "TextTransformer", "ViT", "build_encoder", "build_model", "model_name", "model_settings",
-           "with_defaults"]
+           "TextTransformer", "ViT", "architecture_block", "build_encoder", "build_model",
+           "model_name", "model_settings", "upgraded_model_block", "with_defaults"]

@@ -9,16 +9,15 @@ of mappings, each::
 
 e.g. ``{"path": "runs/simclr", "source": "encoder", "target": "sample_encoder"}`` (SimCLR's
 encoder as a dual encoder's sample tower) or ``{"path": "clip_b16"}`` (a whole converted CLIP).
-The two kinds of ``path``:
-
-- a **converted checkpoint**: ``path/model.json`` (the ``model`` block that builds the
-  architecture) and ``path/params/`` (an orbax ``StandardCheckpointer`` save of
-  ``nnx.to_pure_dict`` of the model's ``nnx.Param`` state);
-- a **trainer workdir** (``path/checkpoints/<step>/state``): the latest checkpoint's
-  ``state.params`` and, for the same subtree, ``state.rest`` (BatchNorm running statistics);
-  its ``path/config.json`` records the model. A newer checkpoint that cannot be read or holds
-  non-finite numbers is skipped with a warning, as a resume falls back (the other run's files
-  are left as they are); none usable is a :class:`ConfigError` naming each.
+``path`` is any pretrained source
+(:mod:`~contrastive_jax.training.models.converters.pretrained_source`: a converted directory,
+a trainer workdir, an open_clip model, a big_vision ``.npz``), read by its one reader; the run
+reads each source's description once when it starts
+(:func:`~contrastive_jax.training.run_spec.resolve`) and its weights here. A **trainer
+workdir** gives its latest usable checkpoint's ``state.params`` and, for the same subtree,
+``state.rest`` (BatchNorm running statistics); a newer checkpoint that cannot be read or
+holds non-finite numbers is skipped with a warning, as a resume falls back (the other run's
+files are left as they are); none usable is a :class:`ConfigError` naming each.
 
 The source subtree must hold exactly the target's leaves: the same relative paths and shapes,
 after the Transformer blocks of either layout (scanned, unrolled: ``model.<tower>.scan``) are
@@ -41,29 +40,34 @@ through :class:`etils.epath.Path`, so ``gs://`` paths work.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models import with_defaults
+from contrastive_jax.training.models import (
+    TRAINING_SETTINGS,
+    upgraded_model_block,
+    with_defaults,
+)
+from contrastive_jax.training.models.converters.pretrained_source import (
+    PretrainedSource,
+    read_source,
+    with_weights,
+)
 from contrastive_jax.training.models.position_resampling import position_movers, resizable
 from contrastive_jax.training.models.scanned_layers import to_layout
 from contrastive_jax.training.parameter_paths import leaves_by_path, path_name
-from contrastive_jax.training.run.workdir.config_record import upgrade
 
 FIELDS = ("path", "source", "target")
 # model settings that do not change the function (compute dtype, rematerialisation), are
 # about training, or are initial values that the loaded parameters replace (the logit scale
 # and bias); left out when two model blocks are compared
-NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "attention", "frozen", "init_from",
+NOT_ARCHITECTURE = ("dtype", "remat", "remat_policy", "attention", *TRAINING_SETTINGS,
                     "init_temperature", "init_bias")
 # a tower's settings of how its blocks are laid out and run, not what they compute, and
 # patch dropout (training only: the same parameters and the same evaluation function)
@@ -112,108 +116,18 @@ def init_specs(value: Any) -> tuple[InitFrom, ...]:
     return tuple(specs)
 
 
-@dataclasses.dataclass(frozen=True)
-class Pretrained:
-    """What one ``path`` holds: its kind, model block, leaves by path (``a/0/b``)."""
-
-    kind: str  # "converted" | "workdir"
-    description: str  # for messages: the path, and the step of a workdir's checkpoint
-    model: dict[str, Any]
-    params: dict[str, np.ndarray]
-    rest: dict[str, np.ndarray]
-    skipped: tuple[str, ...] = ()  # a workdir's newer checkpoints that could not be used, why
+def _leaves(tree) -> dict[str, np.ndarray]:
+    """``{"a/0/b": host array}`` of a nested tree (:func:`.parameter_paths.leaves_by_path`)."""
+    return {k: np.asarray(v) for k, v in leaves_by_path(tree).items()}
 
 
-def read(path: str | os.PathLike, *, step: int | None = None) -> Pretrained:
-    """The parameters (and a workdir's BatchNorm statistics) stored at ``path`` as host arrays;
-    a :class:`ConfigError` saying what ``path`` should hold otherwise. ``step``: a workdir's
-    checkpoint of that step (default: the newest usable one)."""
-    root = epath.Path(path)
-    if (root / "model.json").exists() and (root / "params").exists():
-        model = json_file(root / "model.json")
-        params = _host_leaves(_restore(root / "params"), drop_value=False)
-        return Pretrained("converted", str(root), model, params, {})
-    checkpoints = root / "checkpoints"
-    steps = sorted(int(p.name) for p in checkpoints.iterdir()
-                   if p.name.isdigit()) if checkpoints.exists() else []
-    if step is not None and steps:
-        if step not in steps:
-            raise ConfigError(f"{root} has no checkpoint of step {step}; its steps: {steps}")
-        steps = [step]
-    if not steps and not checkpoints.exists():
-        return _open_clip(path)
-    if not steps:
-        raise ConfigError(
-            f"model.init_from path {root} is neither a converted checkpoint (model.json and "
-            "params/) nor a trainer workdir with checkpoints (checkpoints/<step>/); run the "
-            "pretraining first or fix the path")
-    config = root / "config.json"
-    model = upgrade(json_file(config)).get("model", {}) if config.exists() else {}
-    skipped = []
-    for step in reversed(steps):  # the newest usable one, as a resume falls back (the other
-        # run's files are only read: a damaged checkpoint stays where it is)
-        try:
-            tree = _restore(checkpoints / str(step) / "state", keys=("params", "rest"))
-        except Exception as err:
-            skipped.append(f"step {step} cannot be read ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0][:200] if str(err) else ''})")
-            continue
-        params = _host_leaves(tree["params"], drop_value=True)
-        rest = _host_leaves(tree.get("rest", {}), drop_value=True)
-        if not all(np.isfinite(v).all() for v in (*params.values(), *rest.values())
-                   if np.issubdtype(v.dtype, np.inexact)):
-            skipped.append(f"step {step} holds non-finite numbers")
-            continue
-        return Pretrained("workdir", f"{root} (step {step})", model, params, rest,
-                          tuple(skipped))
-    raise ConfigError(f"model.init_from path {root}: none of its checkpoints (steps {steps}) "
-                      f"can be used: {'; '.join(skipped)}. Point init_from at another run or "
-                      "rerun the pretraining")
-
-
-def _open_clip(path: str | os.PathLike) -> Pretrained:
-    """An open_clip model (a hub-layout directory, a cache snapshot, ``hf-hub:ORG/NAME``, a
-    recorded model name) converted in memory
-    (:func:`~contrastive_jax.training.models.converters.clip_import.convert_open_clip`), as a
-    converted checkpoint; a :class:`ConfigError` naming the three kinds of path otherwise."""
-    from contrastive_jax.training.models.converters.clip_import import convert_open_clip
-
-    try:
-        converted = convert_open_clip(os.fspath(path))
-    except ConfigError as err:
-        raise ConfigError(
-            f"model.init_from path {path} is neither a converted checkpoint (model.json and "
-            "params/), a trainer workdir with checkpoints (checkpoints/<step>/), nor an "
-            f"open_clip model ({err}); run the pretraining first or fix the path") from None
-    return Pretrained("converted", converted.description, converted.model,
-                      _host_leaves(converted.params, drop_value=False), {})
-
-
-def json_file(path: epath.Path) -> dict:
-    """A JSON file of a pretrained source; invalid JSON is a :class:`ConfigError` naming it."""
-    try:
-        return json.loads(path.read_text())
-    except ValueError as err:
-        raise ConfigError(f"model.init_from: {path} is not valid JSON ({err})") from None
-
-
-def _restore(directory: epath.Path, keys: Sequence[str] | None = None):
-    """An orbax PyTree checkpoint as NumPy arrays (only the top-level ``keys`` if given)."""
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(directory)
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    if keys is not None:
-        tree = {k: tree[k] for k in keys if k in tree}
-    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=restore_args, partial_restore=keys is not None))
-
-
-def _host_leaves(tree, *, drop_value: bool) -> dict[str, np.ndarray]:
-    """``{"a/0/b": host array}`` of ``tree`` (:func:`.parameter_paths.leaves_by_path`)."""
-    return {k: np.asarray(v) for k, v in leaves_by_path(tree, drop_value=drop_value).items()}
+def _origin(source: PretrainedSource) -> str:
+    """How the messages name a source whose weights were read."""
+    if source.kind == "workdir":
+        return f"the workdir checkpoint {source.location} (step {source.step})"
+    if source.kind == "converted":
+        return f"the converted checkpoint {source.location}"
+    return f"the converted checkpoint {source.description}"
 
 
 def _under(leaves: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -231,8 +145,8 @@ def _block(model: Mapping[str, Any], subtree: str):
         block = block.get(part) if isinstance(block, Mapping) else None
     if not isinstance(block, Mapping):
         return None
-    if not subtree:  # the whole model: in today's names (config_record.upgrade)
-        block = upgrade({"model": _plain(block)})["model"]
+    if not subtree:  # the whole model: in today's names
+        block = upgraded_model_block(_plain(block))
     block = with_defaults(_plain(block))  # a default left out equals one written out
     return {k: ({t: u for t, u in v.items() if t not in NOT_ARCHITECTURE_OF_A_TOWER}
                 if isinstance(v, Mapping) else v)
@@ -330,18 +244,28 @@ def _replace(state: nnx.State, values: Mapping[str, np.ndarray]) -> nnx.State:
 
 
 def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any],
-              init_from: Any) -> tuple[nnx.State, nnx.State, list[str]]:
+              init_from: Any, sources: Sequence[PretrainedSource] | None = None
+              ) -> tuple[nnx.State, nnx.State, list[str]]:
     """``(params, rest, messages)``: the model's parameters and other state with the subtrees
     ``init_from`` names replaced by the stored values (host arrays), and one line per entry
-    saying what was loaded from where."""
+    saying what was loaded from where. ``sources``: each entry's source as the run's resolve
+    step read it (:func:`~contrastive_jax.training.run_spec.resolve`; read here otherwise),
+    its weights read now."""
     if hasattr(model_config, "to_dict"):  # a ConfigDict is not a Mapping
         model_config = model_config.to_dict()
-    params_by_path = _host_leaves(params, drop_value=False)
-    rest_by_path = _host_leaves(rest, drop_value=False)
+    specs = init_specs(init_from)
+    sources = list(sources) if sources is not None else [None] * len(specs)
+    if len(sources) != len(specs):
+        raise ValueError(f"{len(specs)} model.init_from entries but {len(sources)} sources")
+    params_by_path = _leaves(params)
+    rest_by_path = _leaves(rest)
     loaded, loaded_rest, messages = {}, {}, []
-    for spec in init_specs(init_from):
-        stored = read(spec.path)
-        origin = f"the {stored.kind} checkpoint {stored.description}"
+    for spec, source in zip(specs, sources, strict=True):
+        try:
+            stored = with_weights(source or read_source(spec.path))
+        except ConfigError as err:
+            raise ConfigError(f"model.init_from path {spec.path}: {err}") from None
+        origin = _origin(stored)
         _check_blocks(spec, stored.model, model_config, origin)
         if not _under(params_by_path, spec.target):
             raise ConfigError(
@@ -349,11 +273,11 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
                 f"parameters; its top-level entries: "
                 f"{sorted({k.split('/')[0] for k in params_by_path})}")
         notes: list[str] = []
-        loaded.update(_mapped(spec, stored.params, params_by_path, "parameter", origin,
+        loaded.update(_mapped(spec, _leaves(stored.params), params_by_path, "parameter", origin,
                               position_movers(model_config), notes))
         messages += notes
         if stored.kind == "workdir" or _under(rest_by_path, spec.target):
-            loaded_rest.update(_mapped(spec, stored.rest, rest_by_path,
+            loaded_rest.update(_mapped(spec, _leaves(stored.rest or {}), rest_by_path,
                                        "non-parameter state (BatchNorm statistics)", origin))
         messages += [f"warning: model.init_from {spec.path}: {why}; using an earlier one"
                      for why in stored.skipped]
@@ -362,15 +286,17 @@ def load_into(params: nnx.State, rest: nnx.State, model_config: Mapping[str, Any
     return _replace(params, loaded), _replace(rest, loaded_rest), messages
 
 
-def initialized_state(state, graphdef, config, method) -> tuple[Any, list[str]]:
+def initialized_state(state, graphdef, config, method,
+                      sources: Sequence[PretrainedSource] | None = None
+                      ) -> tuple[Any, list[str]]:
     """A fresh train state with ``config.model.init_from`` applied (host arrays where loaded)
     and the method's state rebuilt from the loaded model (MoCo's key encoder starts as a copy
     of it); ``(state, messages)``. The optimiser state does not depend on parameter values
-    (zeros), so it is kept."""
+    (zeros), so it is kept. ``sources``: as :func:`load_into`."""
     if not init_specs(config.model.get("init_from", "")):
         return state, []
     params, rest, messages = load_into(state.params, state.rest, config.model,
-                                       config.model.init_from)
+                                       config.model.init_from, sources)
     model = nnx.merge(graphdef, params, rest, copy=True)
     extra = method.init_extra(model, params, rest, config)
     return state.replace(params=params, rest=rest, extra=extra), messages

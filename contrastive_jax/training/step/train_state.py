@@ -21,12 +21,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from contrastive_jax.training.methods import Method
-from contrastive_jax.training.models import build_model
+from contrastive_jax.training.models import architecture_block, build_model
 from contrastive_jax.training.models.locked_towers import check_frozen, frozen_names
 from contrastive_jax.training.step.optimizers import build_optimizer
-
-# model settings about training, not the architecture (build_model does not take them)
-TRAINING_SETTINGS = ("frozen", "init_from")
 
 
 @struct.dataclass
@@ -52,7 +49,7 @@ def create_state(config, steps: int, method: Method
     ``config.model.frozen`` get no optimiser state
     (:mod:`~contrastive_jax.training.models.locked_towers`)."""
     frozen = frozen_names(config.model)
-    model = build_model(_architecture(config.model), nnx.Rngs(config.seed))
+    model = build_model(architecture_block(config.model), nnx.Rngs(config.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     check_frozen(frozen, params)
     tx = build_optimizer(config.optimizer, steps, params, frozen)
@@ -64,12 +61,6 @@ def create_state(config, steps: int, method: Method
                        skipped_in_a_row=zero(),
                        extra=method.init_extra(model, params, rest, config))
     return graphdef, state, tx
-
-
-def _architecture(model_config) -> dict:
-    """The ``model`` block without the settings of how it is trained (``frozen``,
-    ``init_from``): what :func:`build_model` takes."""
-    return {k: v for k, v in dict(model_config).items() if k not in TRAINING_SETTINGS}
 
 
 @jax.jit

@@ -24,10 +24,14 @@
 - :mod:`~contrastive_jax.training.models.converters.state_dict_files`: PyTorch state dicts
   (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays, and a TorchScript archive's
   activation read without running it;
-- :mod:`~contrastive_jax.training.models.converters.converted_directory`: a converted model on
-  disk (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``).
+- :mod:`~contrastive_jax.training.models.converters.pretrained_source`: every pretrained
+  source (a converted directory, a trainer workdir, an open_clip model, a big_vision ``.npz``)
+  classified and read by one reader into one record, :class:`~contrastive_jax.training.
+  models.converters.pretrained_source.PretrainedSource`, and the converted directory on disk
+  (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``) that the converters
+  write.
 
-Training imports none of them but ``model.init_from``, which converts an open_clip source in
-memory (:mod:`contrastive_jax.training.run.init_from`); the package itself imports no
-converter, so ``python -m`` runs each one without a second import.
+Training imports none of them but the pretrained-source reader (``model.init_from``, which
+converts an open_clip source in memory: :mod:`contrastive_jax.training.run.init_from`); the
+package itself imports no converter, so ``python -m`` runs each one without a second import.
 """

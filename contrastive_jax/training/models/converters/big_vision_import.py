@@ -65,13 +65,14 @@ from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.converted_directory import (
-    define_size_flags,
-    save_converted,
-)
 from contrastive_jax.training.models.converters.open_clip_tensors import (
     describe_sizes,
     in_model_layout,
+)
+from contrastive_jax.training.models.converters.pretrained_source import (
+    PretrainedSource,
+    define_size_flags,
+    save_converted,
 )
 
 # big_vision's ViT variants (vit.decode_variant; its text towers use the same table):
@@ -432,17 +433,24 @@ def convert_arrays(arrays: Arrays, *, activation: str = "gelu_tanh",
 
 def convert_npz(path: str | os.PathLike, *, activation: str = "gelu_tanh",
             vision_heads: int | None = None, text_heads: int | None = None
-            ) -> tuple[dict[str, Any], dict]:
-    """``(model config, params)`` of the big_vision SigLIP ``.npz`` at ``path``
-    (:func:`load_npz`, :func:`convert_arrays`).
+            ) -> PretrainedSource:
+    """The big_vision SigLIP ``.npz`` at ``path`` as a
+    :class:`~.pretrained_source.PretrainedSource` of kind ``"big_vision"`` with its weights
+    (:func:`load_npz`, :func:`convert_arrays`): ``model`` (the ``dual_encoder`` block),
+    ``params`` (nested, float32), ``preprocess`` (:func:`npz_preprocess`), ``tokenizer`` (the
+    kind, SigLIP's SentencePiece; its file is not in the ``.npz``).
 
     ``activation="gelu_tanh"`` (default): big_vision's own ``nn.gelu`` (tanh approximation),
     the function the checkpoint was trained with; ``"gelu"``: exact GELU, what open_clip /
     timm compute on the same weights. ``vision_heads`` / ``text_heads``: the towers' attention
     heads (default: big_vision's variant of that width, :data:`VARIANTS`, with a warning).
     """
-    return convert_arrays(load_npz(path), activation=activation, vision_heads=vision_heads,
-                          text_heads=text_heads)
+    config, params = convert_arrays(load_npz(path), activation=activation,
+                                    vision_heads=vision_heads, text_heads=text_heads)
+    location = os.path.abspath(os.fspath(path))
+    return PretrainedSource("big_vision", location, f"big_vision {location}", config,
+                            npz_preprocess(config), {"kind": "sentencepiece_open_clip"},
+                            params=params, rest={})
 
 
 def npz_preprocess(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -482,9 +490,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _convert_and_save(positional: list[str]) -> None:
     """Convert ``--checkpoint`` into ``--output`` and print what was written."""
-    config, params = convert_npz(_CHECKPOINT.value, activation=_ACTIVATION.value,
-                             vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value)
-    for text in save_converted(_OUTPUT.value, config, params, preprocess=npz_preprocess(config),
+    source = convert_npz(_CHECKPOINT.value, activation=_ACTIVATION.value,
+                         vision_heads=_VISION_HEADS.value, text_heads=_TEXT_HEADS.value)
+    config, params = source.model, source.params
+    for text in save_converted(_OUTPUT.value, config, params, preprocess=source.preprocess,
                                image_size=_IMAGE_SIZE.value, max_tokens=_MAX_TOKENS.value):
         print(f"note: {text}")
     count = sum(int(np.size(x)) for x in _leaves(params))

@@ -32,7 +32,7 @@ Every tensor is mapped to a parameter of
 :class:`~contrastive_jax.training.models.DualEncoder` by
 :func:`.open_clip_tensors.params_from_state_dict` (a missing tensor, another shape, or one no
 parameter takes is a :class:`ConfigError` naming it), and ``DIR`` receives
-(:func:`~.converted_directory.save_converted`)::
+(:func:`~.pretrained_source.save_converted`)::
 
     DIR/model.json   the config's ``model`` block (a dual_encoder) that builds exactly this
                      architecture with build_model
@@ -75,41 +75,22 @@ from contrastive_jax.training.models.converters.clip_state_dict import (
     not_a_clip,
     summary,
 )
-from contrastive_jax.training.models.converters.converted_directory import (
+from contrastive_jax.training.models.converters.open_clip_tensors import params_from_state_dict
+from contrastive_jax.training.models.converters.pretrained_source import (
+    PretrainedSource,
     define_size_flags,
     save_converted,
 )
-from contrastive_jax.training.models.converters.open_clip_tensors import params_from_state_dict
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
 
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN / _STD), RGB, for pixels in [0, 1]
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
-__all__ = ["OPENAI_MEAN", "OPENAI_STD", "Converted", "convert_checkpoint", "convert_open_clip",
+__all__ = ["OPENAI_MEAN", "OPENAI_STD", "convert_checkpoint", "convert_open_clip",
            "main"]
 
 
 # --- conversion ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Converted:
-    """A converted checkpoint: ``model`` (the ``dual_encoder`` block), ``params`` (nested pure
-    dict, float32 NumPy), ``preprocess`` (``preprocess.json`` fields), ``tokenizer`` (a
-    ``data.preprocess.tokenizer`` spec: ``{"kind": "clip_bpe", "path": ...}`` for CLIP's BPE,
-    with ``path`` the merges file found beside the weights or ``""``; None for another
-    tokenizer), ``tokenizer_name`` (open_clip's ``hf_tokenizer_name``), ``description`` (for
-    messages), ``notes`` (options set that have no effect at inference) and ``assumptions``
-    (what a conversion without config assumed; empty with one)."""
-
-    model: dict
-    params: dict
-    preprocess: dict
-    tokenizer: dict | None
-    tokenizer_name: str | None
-    description: str
-    notes: tuple[str, ...] = ()
-    assumptions: tuple[str, ...] = ()
-
 
 def _same_config(a: sources.Source, b: sources.Source) -> None:
     if a.model_cfg != b.model_cfg:
@@ -133,7 +114,7 @@ def _sources(source, pretrained, open_clip_config, model) -> tuple[sources.Sourc
     if model is not None:
         explicit = sources.read_name(model, pretrained, need_weights=source is None)
     elif open_clip_config is not None:
-        explicit = sources.resolve(open_clip_config)
+        explicit = sources.locate(open_clip_config)
         if explicit.model_cfg is None:
             raise ConfigError(f"--open_clip_config={os.fspath(open_clip_config)!r} is not a "
                               "JSON config or a directory holding open_clip_config.json")
@@ -147,7 +128,7 @@ def _sources(source, pretrained, open_clip_config, model) -> tuple[sources.Sourc
             and os.path.isfile(source):
         raise ConfigError(f"--checkpoint={os.fspath(source)!r} is a JSON file: pass a config "
                           "with --open_clip_config and the weights with --checkpoint")
-    found = sources.resolve(source, pretrained=pretrained if model is None else None)
+    found = sources.locate(source, pretrained=pretrained if model is None else None)
     if found.model_cfg is not None and explicit is not None:
         _same_config(explicit, found)
     if found.weights is None and found.name is not None:
@@ -180,8 +161,15 @@ def convert_open_clip(source: str | os.PathLike | None = None, *,
                       open_clip_config: str | os.PathLike | Mapping[str, Any] | None = None,
                       model: str | None = None, quick_gelu: bool | None = None,
                       vision_heads: int | None = None, text_heads: int | None = None,
-                      allow_torchscript: bool = False) -> Converted:
-    """A checkpoint as a :class:`Converted` (the module docstring).
+                      allow_torchscript: bool = False) -> PretrainedSource:
+    """A checkpoint as a :class:`~.pretrained_source.PretrainedSource` of kind
+    ``"open_clip"`` with its weights (the module docstring): ``model`` (the ``dual_encoder``
+    block), ``params`` (nested pure dict, float32 NumPy), ``preprocess`` (``preprocess.json``
+    fields), ``tokenizer`` (a ``data.preprocess.tokenizer`` spec: ``{"kind": "clip_bpe",
+    "path": ...}`` for CLIP's BPE, with ``path`` the merges file found beside the weights or
+    ``""``; None for another tokenizer), ``tokenizer_name`` (open_clip's
+    ``hf_tokenizer_name``), ``notes`` (options set that have no effect at inference) and
+    ``assumptions`` (what a conversion without config assumed; empty with one).
 
     ``source``: a weight file, a hub-layout directory, a cache snapshot or repository folder,
     ``hf-hub:ORG/NAME``, or a recorded model name (with ``pretrained``: its release, the
@@ -208,8 +196,9 @@ def convert_open_clip(source: str | os.PathLike | None = None, *,
             warnings.warn(text, AssumptionWarning, stacklevel=2)
         preprocess = {"mean": list(OPENAI_MEAN), "std": list(OPENAI_STD), "resize": "bicubic",
                       "image_size": block["sample_encoder"]["image_size"]}
-        return Converted(block, params, preprocess, {"kind": "clip_bpe", "path": ""}, None,
-                         f"CLIP state dict {weights}", (), assumptions)
+        return PretrainedSource("open_clip", os.fspath(weights), f"CLIP state dict {weights}",
+                                block, preprocess, {"kind": "clip_bpe", "path": ""},
+                                params=params, rest={}, assumptions=assumptions)
     converted = occ.model_block(config.model_cfg, timm_args=config.timm_args)
     block = converted.model
     cfg = config.model_cfg
@@ -242,8 +231,10 @@ def convert_open_clip(source: str | os.PathLike | None = None, *,
         block["init_bias"] = float(params["bias"])
     pixels = sources.source_preprocess(config, block["sample_encoder"]["image_size"])
     tokenizer = sources.tokenizer_spec(converted.tokenizer, config.directory, cfg.get("text_cfg"))
-    return Converted(block, params, pixels, tokenizer, converted.tokenizer,
-                     f"open_clip model ({config.origin}; weights {weights})", tuple(notes))
+    return PretrainedSource("open_clip", os.fspath(source if source is not None else weights),
+                            f"open_clip model ({config.origin}; weights {weights})", block,
+                            pixels, tokenizer, converted.tokenizer, pretrained=pretrained,
+                            params=params, rest={}, notes=tuple(notes))
 
 
 def convert_checkpoint(path: str | os.PathLike | None = None, *, quick_gelu: bool | None = None,

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models import architecture_block
 from contrastive_jax.training.models.converters import open_clip_tensors
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
@@ -253,7 +254,7 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
     empty (nothing is overwritten)."""
     from safetensors.numpy import save_file
 
-    block = open_clip_tensors.architecture_block(model_block)
+    block = architecture_block(model_block)
     bias = None
     if open_clip_tensors.resolved(block)["siglip"]:
         leaves = leaves_by_path(params)
@@ -274,22 +275,5 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
         json.dump(config, f, indent=2)
         f.write("\n")
     return config
-
-
-def read_converted(directory: str | os.PathLike
-                   ) -> tuple[dict[str, Any], dict, dict[str, Any] | None, str]:
-    """``(model block, params, preprocess.json or None, description)`` of a converted
-    directory (:func:`.converted_directory.load_converted`)."""
-    from contrastive_jax.training.models.converters.converted_directory import (
-        converted_extras,
-        load_converted,
-    )
-
-    if not os.path.exists(os.path.join(os.fspath(directory), "model.json")):
-        raise ConfigError(f"--converted {directory}: no model.json, so not a converted "
-                          "directory (a trainer workdir is --workdir)")
-    block, params = load_converted(directory)
-    preprocess, _ = converted_extras(directory)
-    return block, params, preprocess, os.fspath(directory)
 
 

@@ -1,7 +1,7 @@
 """Where an open_clip model comes from: its config, weights, pixels and tokenizer files, found
 locally ([OpenCLIP] in docs/references.md; docs/pretrained.md).
 
-:func:`resolve` takes a model config (a mapping), a JSON file (``open_clip_config.json`` with
+:func:`locate` takes a model config (a mapping), a JSON file (``open_clip_config.json`` with
 ``model_cfg`` and ``preprocess_cfg``, or a plain model config), a hub-layout directory
 (``open_clip_config.json`` + ``open_clip_model.safetensors`` / ``open_clip_pytorch_model.bin``),
 a Hugging Face cache snapshot or repository folder, ``hf-hub:ORG/NAME`` (looked up in the local
@@ -244,8 +244,8 @@ def _where_to_put(name: str, tag: str, release: Mapping[str, Any]) -> str:
             "Face hub; nothing is downloaded: pass the file with --checkpoint=FILE")
 
 
-def resolve(source: str | os.PathLike | Mapping[str, Any], *,
-            pretrained: str | None = None) -> Source:
+def locate(source: str | os.PathLike | Mapping[str, Any], *,
+           pretrained: str | None = None) -> Source:
     """The :class:`Source` of ``source``: a model config (mapping), a JSON file, a
     hub-layout directory / cache snapshot / cache repository folder, ``hf-hub:ORG/NAME``
     (the local cache), or a recorded name (with ``pretrained``: a release; its weights from

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models import architecture_block
 from contrastive_jax.training.models.scanned_layers import to_layout, unrolled
 from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 
@@ -54,8 +55,6 @@ _TEXT_DEFAULTS = {"eos_id": None}
 # entries of some state dicts that are not parameters (OpenAI's TorchScript archives, a causal
 # mask saved as a buffer): skipped on import
 IGNORED = ("input_resolution", "context_length", "vocab_size", "attn_mask")
-# model settings about training (train_state.TRAINING_SETTINGS): not the architecture
-_TRAINING = ("frozen", "init_from")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,21 +68,6 @@ class Rule:
     targets: tuple[tuple[Path, tuple[int, ...]], ...]
     split: Callable[[np.ndarray], Sequence[np.ndarray]]
     join: Callable[[Sequence[np.ndarray]], np.ndarray]
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "to_dict"):  # ml_collections.ConfigDict
-        value = value.to_dict()
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-def architecture_block(model_block: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``model`` block as plain values without the settings of how it is trained
-    (``frozen``, ``init_from``): what :func:`~contrastive_jax.training.models.build_model`
-    takes."""
-    return {k: v for k, v in _plain(model_block).items() if k not in _TRAINING}
 
 
 def _defaults(cls) -> dict[str, Any]:
