@@ -51,13 +51,16 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from absl import flags, logging
 
 from contrastive_jax.accelerators import GiB, Target, gpu_cluster, tpu_slice
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.plan_search import Search, find_fit, paste, with_overrides
+
+if TYPE_CHECKING:
+    from contrastive_jax.training.run_spec import RunSpec
 
 # accelerator memory per chip (HBM), bytes: the chips a plan without a target compares with
 CHIPS = {"TPU v4": 32 * GiB, "TPU v5e": 16 * GiB, "TPU v5p": 95 * GiB, "TPU v6e": 32 * GiB,
@@ -167,29 +170,36 @@ def _flops(compiled) -> float | None:
     return float(value) if value is not None and value >= 0 else None
 
 
-def plan(config, mesh, *, status: TextIO | None = None) -> Plan:
-    """Compile ``config``'s train step on ``mesh`` with abstract inputs; the bytes per device.
+def planned(config, mesh) -> RunSpec:
+    """The run the plan compiles: ``config`` resolved on ``mesh``
+    (:func:`~contrastive_jax.training.run_spec.resolve`: the trainer's checks at start) without
+    reading the data: ``total_steps``, or 1000 steps (the schedule's length does not change
+    memory)."""
+    from contrastive_jax.training.run_spec import resolve
+
+    return resolve(config, mesh=mesh, steps=int(config.get("total_steps") or 1000))
+
+
+def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
+    """Compile the train step of the run ``spec`` (:func:`planned`) on its mesh with abstract
+    inputs; the bytes per device.
 
     The state is built with ``jax.eval_shape`` (shapes only) and placed by ``config.sharding``;
     the batch is ``data.batch_size`` rows of :func:`example_shapes` split over ``data``.
-    Settings the trainer refuses at start are a :class:`ConfigError` here too. With ``status``
-    (a stream), a status line says what compiles (:func:`compiling`).
+    With ``status`` (a stream), a status line says what compiles (:func:`compiling`).
     """
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import DATA_AXIS
-    from contrastive_jax.training.methods import method_for
     from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
     from contrastive_jax.training.step.state_sharding import bytes_per_device, state_shardings
     from contrastive_jax.training.step.train_state import create_state
     from contrastive_jax.training.step.train_step import compiled_step
-    from contrastive_jax.training.train import check_batch
 
-    method = method_for(config)
-    accumulation = check_batch(config, mesh)
-    steps = int(config.get("total_steps") or 1000)  # the schedule does not change memory
+    config, mesh, method, steps = spec.config, spec.mesh, spec.method, spec.steps
+    accumulation = spec.accumulation_steps
     built = {}
 
     def build():
@@ -347,7 +357,8 @@ class RematCheck:
 
 def remat_check(config, mesh, budget: float) -> RematCheck:
     """Compile ``config`` without remat and count its FLOPs with and without it."""
-    without = plan(with_overrides(config, {"model.remat": False}), mesh, status=sys.stderr)
+    without = plan(planned(with_overrides(config, {"model.remat": False}), mesh),
+                   status=sys.stderr)
     return RematCheck(without.total, without.total <= budget, per_chip_flops(config, mesh),
                       per_chip_flops(config, mesh, keep_remat=True))
 
@@ -470,7 +481,7 @@ def _plan(argv: Sequence[str]) -> None:
         raise ConfigError(f"unknown chips {unknown}; known: {sorted(CHIPS)}")
     mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
     name = flags.FLAGS["config"].serialize().partition("=")[2]
-    result = plan(config, mesh, status=sys.stderr)
+    result = plan(planned(config, mesh), status=sys.stderr)
     record = {**dataclasses.asdict(result), "total": result.total}
     if target is None:
         print(report(result, name, chips))
@@ -497,7 +508,8 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
     budget = HEADROOM * target.usable
     fits = result.total <= budget
     found = find_fit(config, mesh, budget, result,
-                     lambda c, m: plan(c, m, status=sys.stderr)) if not fits and search else None
+                     lambda c, m: plan(planned(c, m), status=sys.stderr)) \
+        if not fits and search else None
     final = (found.answer if found is not None and found.answer is not None else {})
     chosen = with_overrides(config, final) if final else config
     flops = per_chip_flops(chosen, mesh)

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import ml_collections
+
 Plan = Any  # contrastive_jax.plan.Plan (not imported: the plan imports this module)
 
 
@@ -25,6 +27,8 @@ class Search:
 
 def with_overrides(config, overrides: Mapping[str, object]):
     """A copy of ``config`` with dotted ``overrides`` (``{"model.remat": True}``) set."""
+    if isinstance(config, ml_collections.FrozenConfigDict):  # a RunSpec's: thawed
+        config = config.as_configdict()
     copy = config.copy_and_resolve_references()
     with copy.unlocked():  # model.remat may be new to a config that never set it
         for key, value in overrides.items():

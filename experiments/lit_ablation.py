@@ -36,7 +36,8 @@ COLUMNS = (*METRICS, "loss", "steps", "train_s")
 
 def pretrain(epochs: float, *, quick: bool, workdir: str, verbose: bool) -> dict[str, Any]:
     """The SimCLR main job in ``workdir`` (``epochs``; ``quick``: its quick variant)."""
-    from contrastive_jax.training.train import total_steps, train_and_evaluate
+    from contrastive_jax.training.run_spec import total_steps
+    from contrastive_jax.training.train import train_and_evaluate
 
     config = load_config("configs/simclr_mnist1d.py:" + ("quick" if quick else
                                                           f"epochs={epochs!r}"))
@@ -50,7 +51,7 @@ def pretrain(epochs: float, *, quick: bool, workdir: str, verbose: bool) -> dict
 
 def make_config(mode: str, seed: int, pretrained: str, *, epochs: float, quick: bool):
     """``configs/lit_mnist1d.py`` in ``mode``, the warmup scaled to the run's length."""
-    from contrastive_jax.training.train import total_steps
+    from contrastive_jax.training.run_spec import total_steps
 
     variant = f"mode={mode},seed={seed}" + ("" if mode == "scratch" else
                                             f",pretrained={pretrained}")

@@ -79,7 +79,7 @@ def make_config(setting: Setting, seed: int, *, epochs: float, quick: bool = Fal
         config.loss.normalize = False
         config.loss.impl = "autodiff"
     if not quick:
-        from contrastive_jax.training.train import total_steps
+        from contrastive_jax.training.run_spec import total_steps
 
         config.optimizer.warmup_steps = warmup_steps(total_steps(config, sweep.train_size(config)))
     config.log_every = sweep.LOG_EVERY

@@ -192,8 +192,10 @@ TRAINING_ROOMS = {
     "step": {"methods", "models", "augmentations", "parameter_paths"},
     "run": {"step", "models", "parameter_paths"},  # workdir, lock, checkpoints, config record, ...
     "config": {"step"},  # base_config (the state's sharding defaults)
+    # resolve(config, workdir) -> RunSpec: the method, the sources, the evaluators, the mesh
+    "run_spec": {"data", "evaluation", "methods", "models", "run", "step"},
     "train": {"augmentations", "data", "models", "methods", "evaluation", "step", "run",
-              "config"},  # the loop
+              "config", "run_spec"},  # the loop
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from common.reporting import load_config, read_csv, read_report, summarise
 from contrastive_jax.training.methods import LossSettings
-from contrastive_jax.training.train import total_steps
+from contrastive_jax.training.run_spec import total_steps
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

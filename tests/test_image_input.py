@@ -273,7 +273,7 @@ def test_a_run_from_a_converted_clip_takes_its_mean_and_std(tmp_path):
     from test_train import load_config
 
     from contrastive_jax.training.models.converters import clip_import
-    from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
+    from contrastive_jax.training.run_spec import source_pixels
 
     assert clip_import.OPENAI_MEAN == CLIP_MEAN and clip_import.OPENAI_STD == CLIP_STD
     converted = tmp_path / "clip"
@@ -285,19 +285,19 @@ def test_a_run_from_a_converted_clip_takes_its_mean_and_std(tmp_path):
     config = load_config("clip_vit_b16_pod.py:tiny")
     del config.data.preprocess["mean"], config.data.preprocess["std"]
     config.model.init_from = {"path": str(converted)}
-    filled, lines = pretrained_preprocess(config)
+    filled, lines = source_pixels(config)
     assert pixel_normalization(filled.data.preprocess) == (CLIP_MEAN, CLIP_STD)
     assert "mean" not in config.data.preprocess  # the caller's config is not changed
     assert len(lines) == 1 and "preprocess.json" in lines[0]
     # a config that sets its own values keeps them, with a warning
     config.data.preprocess.update({"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)})
-    kept, lines = pretrained_preprocess(config)
+    kept, lines = source_pixels(config)
     assert pixel_normalization(kept.data.preprocess) == ((0.5,) * 3, (0.5,) * 3)
     assert lines and lines[0].startswith("warning: data.preprocess mean/std")
     # a workdir or a directory without the file: nothing to take
     (converted / "preprocess.json").unlink()
     del config.data.preprocess["mean"], config.data.preprocess["std"]
-    assert pretrained_preprocess(config) == (config, [])
+    assert source_pixels(config) == (config, [])
 
 
 def test_a_resume_keeps_the_worker_count(tmp_path):
@@ -387,17 +387,17 @@ def test_squash_evaluation_pixels_equal_open_clips_siglip_transform():
 def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(tmp_path):
     from test_train import load_config
 
-    from contrastive_jax.training.run.pretrained_pixels import pretrained_preprocess
     from contrastive_jax.training.run.workdir.config_record import plain
+    from contrastive_jax.training.run_spec import source_pixels
 
     config = load_config("clip_vit_b16_pod.py:tiny")
     del config.data.preprocess["mean"], config.data.preprocess["std"]
     config.model.init_from = {"path": str(tmp_path / "gone")}  # deleted after the first run
     recorded = plain(config)
     recorded["data"]["preprocess"].update({"mean": list(CLIP_MEAN), "std": list(CLIP_STD)})
-    resumed, lines = pretrained_preprocess(config, recorded)
+    resumed, lines = source_pixels(config, recorded)
     assert pixel_normalization(resumed.data.preprocess) == (CLIP_MEAN, CLIP_STD)
     assert "recorded in the run's config.json" in lines[0]
     # another init_from: the record says nothing about it
     config.model.init_from = {"path": str(tmp_path / "other")}
-    assert pretrained_preprocess(config, recorded) == (config, [])
+    assert source_pixels(config, recorded) == (config, [])

@@ -19,6 +19,7 @@ from contrastive_jax.plan import (
     compiling,
     example_shapes,
     plan,
+    planned,
     report,
     target_report,
 )
@@ -52,7 +53,7 @@ def test_plan_counts_the_parameters_exactly_replicated_and_fsdp():
     config.sharding.params = "replicated"
     mesh = make_mesh({"data": 8})
     count = dual_encoder_params(config.model)
-    replicated = plan(config, mesh)
+    replicated = plan(planned(config, mesh))
     assert replicated.params == 4 * count
     assert 2 * 4 * count <= replicated.opt_state <= 2 * 4 * count + 64
     size = config.model.sample_encoder.image_size
@@ -61,7 +62,7 @@ def test_plan_counts_the_parameters_exactly_replicated_and_fsdp():
     assert replicated.batch == rows * (size * size * 3 + config.model.text_encoder.max_tokens * 4)
     assert replicated.temporaries > 0 and replicated.total > replicated.params
     config.sharding.params = "fsdp"  # tiny: min_size 0, every leaf split
-    fsdp = plan(config, mesh)
+    fsdp = plan(planned(config, mesh))
     assert fsdp.params == 4 * ((count - 1) // 8 + 1)
     assert fsdp.opt_state <= replicated.opt_state / 8 + 64
     assert fsdp.arguments < replicated.arguments
@@ -73,7 +74,7 @@ def test_plan_refuses_a_batch_that_does_not_divide():
     config = load_config("clip_vit_b16_pod.py:tiny")
     config.data.batch_size = 12
     with pytest.raises(ConfigError, match="does not divide by the 8"):
-        plan(config, make_mesh({"data": 8}))
+        plan(planned(config, make_mesh({"data": 8})))
 
 
 def test_plan_command_line_says_what_to_change():
@@ -206,10 +207,10 @@ def test_a_real_search_on_the_tiny_template_compiles_to_a_fit():
     config = load_config("clip_vit_b16_pod.py:tiny")
     config.data.batch_size = 8 * 16  # 16 per device: divisors 1, 2, 4, 8, 16
     mesh = make_mesh({"data": 8})
-    first = plan(config, mesh)
+    first = plan(planned(config, mesh))
     assert first.flops and first.flops > 0
     budget = first.total - 1
-    found = find_fit(config, mesh, budget, first, plan)
+    found = find_fit(config, mesh, budget, first, lambda c, m: plan(planned(c, m)))
     assert found.answer is not None and found.answer["accumulation_steps"] > 1
     totals = {o["accumulation_steps"]: r.total for o, r in found.tried if len(o) == 1}
     k = found.answer["accumulation_steps"]

@@ -180,7 +180,9 @@ def test_clipa_recipe_low_resolution_masked_then_full_resolution_from_its_workdi
     """The two-run recipe of the template's docstring on the tiny template: ``res=16,
     patch_dropout=0.5`` (1 patch of 16 x 16 pixels instead of 4), then
     ``pretrained=<its workdir>,mode=finetune,res=32``: the first run's model at 32 x 32, its
-    position table resampled from 1 to 4 patch rows, without the source's patch dropout."""
+    position table resampled from 1 to 4 patch rows, without the source's patch dropout, and
+    its pixels normalised as the first run's (CLIP's mean and std, from its config.json; they
+    used to be left out, feeding the tuning run [0, 1] pixels)."""
     data_dir, model = mock_coco
     low = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},res=16,patch_dropout=0.5")
     assert low.model.sample_encoder.image_size == low.data.preprocess.image_size == 16
@@ -196,6 +198,10 @@ def test_clipa_recipe_low_resolution_masked_then_full_resolution_from_its_workdi
     out = capsys.readouterr().out
     assert "sample_encoder/positions moved from 1 to 4 positions" in out, out[-3000:]
     assert results["steps"] == 1 and np.isfinite(results["final_train_metrics"]["loss"])
+    recorded = json.loads((tmp_path / "full" / "config.json").read_text())["data"]["preprocess"]
+    assert (recorded["mean"], recorded["std"]) == (list(low.data.preprocess.mean),
+                                                   list(low.data.preprocess.std))
+    assert f"data.preprocess.mean / std from {tmp_path / 'low'}/config.json" in out
 
 
 def test_pod_template_start_errors(mock_coco, tmp_path):
@@ -222,7 +228,7 @@ def converted_siglip(tmp_path):
     tokenizer fixture, which the directory carries."""
     from test_load_pretrained import siglip_hub_directory
 
-    from contrastive_jax.training.models.converters import clip_import, converted_directory
+    from contrastive_jax.training.models.converters import clip_import, pretrained_source
 
     converted = clip_import.convert_open_clip(siglip_hub_directory(tmp_path))
     block = {**converted.model, "text_encoder": {**converted.model["text_encoder"],
@@ -231,25 +237,36 @@ def converted_siglip(tmp_path):
     table = params["text_encoder"]["tokens"]["embedding"]
     params["text_encoder"]["tokens"]["embedding"] = np.resize(table, (2000, table.shape[1]))
     source = tmp_path / "siglip"
-    converted_directory.save_converted(source, block, params, preprocess=converted.preprocess,
+    pretrained_source.save_converted(source, block, params, preprocess=converted.preprocess,
                                        tokenizer=converted.tokenizer)
     return source
 
 
-def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
+def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path, monkeypatch):
     """``pretrained=DIR`` (a converted open_clip SigLIP: the timm map-head trunk of
     tests/fixtures/open_clip_tiny_siglip, its text tower widened to the 2,000-piece SigLIP
     tokenizer fixture, which the directory carries): the source's model block and tokenizer,
     SigLIP's method, mean and std from the directory; one step on 8 devices (the ring loss)
-    leaves the locked image tower bit-identical to the converted one and moves the text tower."""
-    import json
-
+    leaves the locked image tower bit-identical to the converted one and moves the text tower.
+    The run reads the directory's description once (the config file's ``pretrained=`` and the
+    run's start share it) and its parameters once."""
     from test_load_pretrained import FIXTURES
 
-    from contrastive_jax.training.run.init_from import read
+    from contrastive_jax.pretrained import read_source, with_weights
+    from contrastive_jax.training.models.converters import pretrained_source
+    from contrastive_jax.training.parameter_paths import leaves_by_path
+
+    def read(path):  # the parameters a source holds, by path
+        return leaves_by_path(with_weights(read_source(path)).params)
 
     data_dir, _ = mock_coco
     source = converted_siglip(tmp_path)
+    reads = []
+    describe, restore = pretrained_source._converted, pretrained_source._restore
+    monkeypatch.setitem(pretrained_source._READERS, "converted",
+                        lambda *a, **k: reads.append("description") or describe(*a, **k))
+    monkeypatch.setattr(pretrained_source, "_restore",
+                        lambda *a, **k: reads.append("weights") or restore(*a, **k))
     config = load_config(f"clip_vit_b16_pod.py:tiny,pretrained={source}")
     assert config.method == "siglip" and config.model.frozen == "sample_encoder"
     assert config.data.preprocess.tokenizer.kind == "sentencepiece_open_clip"
@@ -259,9 +276,10 @@ def test_lit_from_a_pretrained_siglip_is_one_config(mock_coco, tmp_path):
     config.data.data_dir = data_dir
     results = train.train_and_evaluate(config, str(tmp_path / "run"))
     assert results["steps"] == 1 and np.isfinite(results["final_train_metrics"]["loss"])
+    assert reads == ["description", "weights"], reads
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["data"]["preprocess"]["mean"] == [0.5, 0.5, 0.5]
-    before, after = read(source).params, read(tmp_path / "run").params
+    before, after = read(source), read(tmp_path / "run")
     assert sorted(before) == sorted(after)
     for path, value in before.items():
         same = after[path].tobytes() == value.tobytes()

@@ -322,9 +322,9 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
 
     from contrastive_jax.training.models.converters import (
         clip_import,
-        converted_directory,
         open_clip_export,
         open_clip_tensors,
+        pretrained_source,
     )
     from contrastive_jax.training.run import init_from
 
@@ -341,8 +341,8 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
     assert 1 in unrolled["text_encoder"]["blocks"]
     assert leaves_by_path(params)["text_encoder/blocks/fc1/kernel"].shape[0] == 2
     for name, b, p in (("scanned", block, params), ("unrolled", unrolled_block, unrolled)):
-        converted_directory.save_converted(tmp_path / name, b, p)
-        loaded_block, loaded = converted_directory.load_converted(tmp_path / name)
+        pretrained_source.save_converted(tmp_path / name, b, p)
+        loaded_block, loaded = pretrained_source.load_converted(tmp_path / name)
         assert leaves_by_path(loaded).keys() == \
             leaves_by_path(p).keys()
         open_clip_export.export(tmp_path / f"{name}_open_clip", loaded_block, loaded)
@@ -367,7 +367,7 @@ def test_under_fsdp_the_scanned_step_keeps_the_batch_split():
     split into the loop and replicated the batch: 2.3x here, 37x on 128 chips."""
     from test_train import load_config
 
-    from contrastive_jax.plan import plan
+    from contrastive_jax.plan import plan, planned
 
     mesh = make_mesh({"data": 8})
     temporaries = {}
@@ -376,5 +376,5 @@ def test_under_fsdp_the_scanned_step_keeps_the_batch_split():
         config.data.batch_size = 64
         for tower in (config.model.sample_encoder, config.model.text_encoder):
             tower.update({"depth": 2, "scan": scan})
-        temporaries[scan] = plan(config, mesh).temporaries
+        temporaries[scan] = plan(planned(config, mesh)).temporaries
     assert temporaries[True] <= temporaries[False], temporaries

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import time
 from typing import Any
@@ -48,49 +47,26 @@ import ml_collections
 import numpy as np
 import optax
 from etils import epath
-from jax.sharding import Mesh
 
 from contrastive_jax.accelerators import device_peak_flops
 from contrastive_jax.errors import ConfigError, NonFiniteError
-from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
-from contrastive_jax.training.evaluation.run_evaluation import check_tasks, evaluate
-from contrastive_jax.training.methods import Method, method_for
-from contrastive_jax.training.run import checkpoints, init_from, pretrained_pixels, profiling
+from contrastive_jax.training.evaluation.evaluators import evaluate, summary_line, titles
+from contrastive_jax.training.methods import Method
+from contrastive_jax.training.run import checkpoints, init_from, profiling
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
-from contrastive_jax.training.run.progress import (
-    MetricWindow,
-    Progress,
-    evaluation_names,
-    evaluation_summary,
-    scale_settings,
-)
+from contrastive_jax.training.run.progress import MetricWindow, Progress, scale_settings
 from contrastive_jax.training.run.provenance import provenance
 from contrastive_jax.training.run.skipped_updates import check_skipped_updates
 from contrastive_jax.training.run.workdir import json_output
-from contrastive_jax.training.run.workdir.config_record import (
-    check_config,
-    recorded_config,
-    write_config,
-)
+from contrastive_jax.training.run.workdir.config_record import check_config, write_config
 from contrastive_jax.training.run.workdir.workdir_lock import workdir_lock
-from contrastive_jax.training.run.workdir.workdir_path import workdir_path
+from contrastive_jax.training.run_spec import RunSpec, resolve
 from contrastive_jax.training.step import model_flops
-from contrastive_jax.training.step.accumulation import accumulation_steps
 from contrastive_jax.training.step.state_sharding import state_shardings
 from contrastive_jax.training.step.train_state import TrainState, create_state, params_digest
 from contrastive_jax.training.step.train_step import compiled_step
-
-
-def total_steps(config: ml_collections.ConfigDict, train_size: int) -> int:
-    """``config.total_steps`` if set, else ``ceil(num_epochs * train_size / batch_size)``."""
-    if config.get("total_steps", 0):
-        return int(config.total_steps)
-    steps = math.ceil(config.num_epochs * train_size / config.data.batch_size)
-    if steps < 1:
-        raise ConfigError("set total_steps or num_epochs > 0")
-    return steps
 
 
 def _previous_results(workdir: epath.Path) -> dict[str, Any]:
@@ -103,24 +79,24 @@ def _previous_results(workdir: epath.Path) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Run:
-    """The fixed parts of one training run, built once by :func:`prepare_run`."""
+    """The fixed parts of one training run, built once by :func:`prepare_run` from its
+    :class:`~contrastive_jax.training.run_spec.RunSpec`."""
 
-    config: ml_collections.ConfigDict
-    workdir: epath.Path  # a local path or gs://... (workdir_path)
-    mesh: Mesh
-    method: Method
-    steps: int
+    spec: RunSpec
     graphdef: Any
     tx: optax.GradientTransformation
     source: Any  # the training split (random access)
     stream: Any  # the checkpointable iterator of global batches
-    accumulation_steps: int = 1  # micro-batches per global batch (checked)
     start: float = dataclasses.field(default_factory=time.perf_counter)
     profile: profiling.ProfileWindow | None = None  # the traced steps (config.profile)
 
-    @property
-    def batch_size(self) -> int:
-        return self.config.data.batch_size
+    config = property(lambda self: self.spec.config)
+    workdir = property(lambda self: self.spec.workdir)
+    mesh = property(lambda self: self.spec.mesh)
+    method = property(lambda self: self.spec.method)
+    steps = property(lambda self: self.spec.steps)
+    accumulation_steps = property(lambda self: self.spec.accumulation_steps)
+    batch_size = property(lambda self: self.spec.batch_size)
 
     def step_fn(self, state: TrainState):
         """The compiled train step for states shaped like ``state``."""
@@ -128,77 +104,66 @@ class Run:
                              self.method)
 
 
-def check_batch(config: ml_collections.ConfigDict, mesh: Mesh) -> int:
-    """The global batch divides over the processes and the ``data`` devices, and so do its
-    micro-batches; a :class:`ConfigError` saying what to change otherwise. Returns the number
-    of micro-batches (:func:`~contrastive_jax.training.step.accumulation.accumulation_steps`)."""
-    check_divisible(config.data.batch_size, jax.process_count(), "processes")
-    check_divisible(config.data.batch_size, mesh.shape[DATA_AXIS])
-    return accumulation_steps(config, mesh.shape[DATA_AXIS])
-
-
-def prepare_run(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+def prepare_run(run: RunSpec | ml_collections.ConfigDict,
+                workdir: str | os.PathLike | None = None,
                 method: Method | None = None) -> tuple[Run, TrainState]:
-    """The run's mesh, method (``method``, else :func:`method_for` the config), data, model and
-    optimiser, and a fresh state on the mesh.
-
-    Bad settings fail here, before any compilation, with a :class:`ConfigError`.
-    """
+    """The run's data, model and optimiser, and a fresh state on its mesh, from its
+    :class:`RunSpec` (a config is resolved first: :func:`~contrastive_jax.training.run_spec.
+    resolve` with ``workdir`` and ``method``). Bad settings fail in the resolve step, before
+    any compilation, with a :class:`ConfigError`."""
     start = time.perf_counter()
-    method = method_for(config) if method is None else method
-    if config.evaluation.enabled:
-        check_tasks(config)
-    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
-    accumulation = check_batch(config, mesh)
+    spec = run if isinstance(run, RunSpec) else resolve(run, workdir, method=method)
+    config = spec.config
     source = open_split(config.data.name, config.data.train_split,
                         config.data.data_dir or None, config.data.options.to_dict() or None)
-    steps = total_steps(config, len(source))
-    graphdef, state, tx = create_state(config, steps, method)
-    state = jax.device_put(state, state_shardings(config.get("sharding"), mesh, state))
-    run = Run(config, workdir_path(workdir), mesh, method, steps, graphdef, tx, source,
-              train_iterator(config.data, mesh), accumulation, start,
-              profiling.profile_window(config.get("profile"), steps))
+    graphdef, state, tx = create_state(config, spec.steps, spec.method)
+    state = jax.device_put(state, state_shardings(config.get("sharding"), spec.mesh, state))
+    run = Run(spec, graphdef, tx, source, train_iterator(config.data, spec.mesh), start,
+              profiling.profile_window(config.get("profile"), spec.steps))
     return run, state
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+def train_and_evaluate(run: RunSpec | ml_collections.ConfigDict, workdir: str | None = None, *,
                        accept_config_change: bool = False,
                        resplit_data: bool = False) -> dict[str, Any]:
     """Train, checkpoint, evaluate; returns (and writes to ``workdir/results.json``) the results.
 
-    The workdir is locked for the run
+    ``run``: the run's :class:`RunSpec`, or a config, resolved here with ``workdir``
+    (:func:`~contrastive_jax.training.run_spec.resolve`). The workdir is locked for the run
     (:mod:`~contrastive_jax.training.run.workdir.workdir_lock`) and its ``config.json`` records
-    ``config``; resuming with a different config raises a :class:`ConfigError` listing the
-    differences unless ``accept_config_change``
+    the spec's config; resuming with a different config raises a :class:`ConfigError` listing
+    the differences unless ``accept_config_change``
     (:mod:`~contrastive_jax.training.run.workdir.config_record`). ``resplit_data``: resume a
     checkpoint written by another number of processes
     (:func:`~contrastive_jax.training.run.checkpoints.restore_latest`).
     """
-    method = method_for(config)  # bad method or loss settings fail before any work
-    config, lines = pretrained_pixels.pretrained_preprocess(  # a converted CLIP's mean / std
-        config, recorded_config(workdir))
-    for line in lines:
-        print(line, flush=True)
-    workdir_path(workdir).mkdir(parents=True, exist_ok=True)
-    with workdir_lock(workdir):
-        try:
-            return _locked(config, workdir, accept_config_change, method, resplit_data)
-        except Exception as err:  # damaged record files show only when read
-            damaged = damaged_data_error(err, config.data.name, config.data.data_dir or None)
-            if damaged is None:
-                raise
-            raise damaged from None
+    config = run.config if isinstance(run, RunSpec) else run
+    try:
+        spec = run if isinstance(run, RunSpec) else resolve(run, workdir)
+        if spec.workdir is None:
+            raise ConfigError("train_and_evaluate needs a workdir: resolve(config, workdir)")
+        for line in spec.messages:
+            print(line, flush=True)
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        with workdir_lock(spec.workdir):
+            return _locked(spec, accept_config_change, resplit_data)
+    except Exception as err:  # damaged record files show only when read
+        damaged = damaged_data_error(err, config.data.name, config.data.data_dir or None)
+        if damaged is None:
+            raise
+        raise damaged from None
 
 
-def _locked(config: ml_collections.ConfigDict, workdir: str, accept_config_change: bool,
-            method: Method, resplit_data: bool = False) -> dict[str, Any]:
+def _locked(spec: RunSpec, accept_config_change: bool, resplit_data: bool = False
+            ) -> dict[str, Any]:
     """:func:`train_and_evaluate` once it holds the workdir's lock."""
-    run, state = prepare_run(config, workdir, method)
+    config = spec.config
+    run, state = prepare_run(spec)
     manager = checkpoints.manager(run.workdir, every=config.checkpoint_every,
                                   keep=config.keep_checkpoints,
                                   timeout_s=config.get("checkpoint_timeout_s", 1200))
     try:
-        changed = check_config(config, workdir, resuming_from=manager.latest_step(),
+        changed = check_config(config, spec.workdir, resuming_from=manager.latest_step(),
                                accept_change=accept_config_change)
         return _train(run, state, manager, config_changed=bool(changed),
                       resplit_data=resplit_data)
@@ -256,7 +221,8 @@ def _resume_or_start(run: Run, state: TrainState, ckpt, resplit_data: bool = Fal
                                                 resplit_data=resplit_data)
     if resumed is not None:
         return state, resumed, []
-    fresh, loaded = init_from.initialized_state(state, run.graphdef, run.config, run.method)
+    fresh, loaded = init_from.initialized_state(state, run.graphdef, run.config, run.method,
+                                                run.spec.sources or None)
     return (jax.device_put(fresh, state_shardings(run.config.get("sharding"), run.mesh, state)),
             None, loaded)
 
@@ -389,14 +355,15 @@ def _evaluate_at(run: Run, state: TrainState, step: int, progress: Progress,
                  clock: _Clock) -> dict[str, Any]:
     """A periodic evaluation of the frozen model (its time kept out of the training time)."""
     eval_start = time.perf_counter()
-    progress.message(f"evaluating at step {step}: {evaluation_names(run.config)}...")
+    evaluators = run.spec.evaluators
+    progress.message(f"evaluating at step {step}: {titles(evaluators, run.config)}...")
     result = {"step": step, "wall_s": round(eval_start - run.start, 2),
               "train_s": round(clock.train_s(eval_start), 2),
-              **evaluate(run.graphdef, state, run.config, run.mesh)}
+              **evaluate(run.graphdef, state, run.config, run.mesh, evaluators)}
     clock.eval_time += time.perf_counter() - eval_start
     progress.restart_clock(step)  # examples/s counts training only
     progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
-    progress.message(f"eval at step {step}: {evaluation_summary(result)}")
+    progress.message(f"eval at step {step}: {summary_line(evaluators, result, run.config)}")
     return result
 
 
@@ -423,9 +390,10 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
         with interrupt_on_signal():
             ckpt.wait_until_finished()
             train_time = end.clock.train_s(time.perf_counter())
+            evaluators = run.spec.evaluators
             if config.evaluation.enabled:
-                progress.message(f"final evaluation: {evaluation_names(config)}...")
-            final = evaluate(run.graphdef, state, config, run.mesh) \
+                progress.message(f"final evaluation: {titles(evaluators, config)}...")
+            final = evaluate(run.graphdef, state, config, run.mesh, evaluators) \
                 if config.evaluation.enabled else {}
     except Interrupted as stop:
         ckpt.close()  # waits for the last checkpoint if the signal came during that wait
@@ -457,9 +425,9 @@ def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | N
     results.update(run.method.results(run.source, config))
     if jax.process_index() == 0:
         json_output.write_atomic(run.workdir / "results.json", results)
-    summary = evaluation_summary(final)
+    scores = summary_line(run.spec.evaluators, final, config)
     progress.message(f"done in {results['wall_time_s']:.0f} s"
-                     f"{': ' + summary if summary else ''} -> {run.workdir / 'results.json'}")
+                     f"{': ' + scores if scores else ''} -> {run.workdir / 'results.json'}")
     progress.close()
     ckpt.close()
     return results

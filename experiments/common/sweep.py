@@ -71,7 +71,7 @@ def train_recording(config, every: int, record: Callable[[Any, Any, Any], dict],
     and the trained encoder's evaluation (``{}`` without ``final_eval``)."""
     import jax
 
-    from contrastive_jax.training.evaluation.run_evaluation import evaluate
+    from contrastive_jax.training.evaluation.evaluators import evaluate
 
     started = start_run(config)
     state, rows = started.state, []

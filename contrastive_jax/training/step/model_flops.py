@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import jax
+import ml_collections
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -50,6 +51,8 @@ def counting_config(config, *, keep_remat: bool = False):
     off, one micro-batch, every scanned tower unrolled, the dense single-device loss, XLA's
     attention. ``keep_remat``: remat as the config has it (the FLOPs the chips execute, with
     the recomputation)."""
+    if isinstance(config, ml_collections.FrozenConfigDict):  # a RunSpec's: thawed
+        config = config.as_configdict()
     copy = config.copy_and_resolve_references()
     with copy.unlocked():
         copy.accumulation_steps = 1
