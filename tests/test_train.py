@@ -18,7 +18,7 @@ from contrastive_jax.mesh import make_mesh
 from contrastive_jax.training import evaluation, train
 from contrastive_jax.training.data import train_iterator
 from contrastive_jax.training.evaluation import run_evaluation
-from contrastive_jax.training.evaluation.run_evaluation import evaluate
+from contrastive_jax.training.evaluation.evaluators import evaluate
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.run import checkpoints
 from contrastive_jax.training.step import train_step

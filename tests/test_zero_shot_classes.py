@@ -17,6 +17,7 @@ from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as pt
 from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
 from contrastive_jax.training.evaluation import (
+    evaluators,
     run_evaluation,
     zero_shot_accuracy,
     zero_shot_topk,
@@ -172,10 +173,10 @@ def test_class_names_and_digit_templates_give_the_digit_prompts_result():
     assert eight == pytest.approx(one, abs=1e-12)
     assert eight["zero_shot"] <= eight["zero_shot_top5"] <= 1
     with pytest.raises(ConfigError, match="not both"):
-        run_evaluation.evaluate(graphdef, state8, config, mesh)
+        evaluators.evaluate(graphdef, state8, config, mesh)
     config.evaluation.zero_shot_prompts = ""
     config.evaluation.classification = False
-    results = run_evaluation.evaluate(graphdef, state8, config, mesh)
+    results = evaluators.evaluate(graphdef, state8, config, mesh)
     assert {k: results[k] for k in eight} == eight
 
 

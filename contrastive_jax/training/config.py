@@ -54,9 +54,9 @@ def base_config() -> ml_collections.ConfigDict:
 
     ``total_steps`` (0: from ``num_epochs``), ``log_every``, ``checkpoint_every``,
     ``keep_checkpoints``, ``checkpoint_timeout_s`` (the longest a save may take),
-    ``evaluation`` (linear probe, kNN, alignment/uniformity, and for
+    ``evaluation`` (its ``evaluators``: linear probe, kNN, alignment/uniformity, and for
     dual encoders retrieval and zero-shot, at the end and every ``every`` steps if > 0;
-    :func:`contrastive_jax.training.evaluation.run_evaluation.evaluate`), ``mesh`` (axis sizes;
+    :mod:`contrastive_jax.training.evaluation.evaluators`), ``mesh`` (axis sizes;
     ``-1`` takes the rest of the devices), ``sharding`` (the train state replicated or FSDP,
 :mod:`contrastive_jax.training.step.state_sharding`), ``launch`` (multi-process settings,
     :func:`contrastive_jax.training.run.launch.distributed.launch_settings`; empty: from the
@@ -87,7 +87,11 @@ def base_config() -> ml_collections.ConfigDict:
         # non-finite steps in a row before the run stops, and a run whose last update was
         # skipped stops too (0: neither)
         "max_skipped_in_a_row": 10,
-        "evaluation": {"enabled": True, "every": 0, "knn_k": 20, "knn_temperature": 0.07,
+        # evaluators: the named evaluations to run ("classification", "geometry",
+        # "retrieval", "zero_shot", "tasks"); () = those the fields below ask for
+        # (contrastive_jax.training.evaluation.evaluators)
+        "evaluation": {"enabled": True, "every": 0, "evaluators": (),
+                       "knn_k": 20, "knn_temperature": 0.07,
                        "l2_grid": (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
                        "classification": True,  # linear probe + kNN (needs labels)
                        # dual encoders: class prompts of this modality ("signal" | "image",

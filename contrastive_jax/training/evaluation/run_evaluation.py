@@ -9,9 +9,10 @@ scores of its features and embeddings (:func:`evaluate`, after and during traini
 - :func:`class_name_zero_shot`: zero-shot top-1/top-5 with class names and prompt templates
   (``evaluation.zero_shot``) on any TFDS image dataset's split;
 - :func:`run_task_model` / :func:`benchmark_tasks`: the benchmark tasks of
-  ``evaluation.tasks`` (the evaluation command's tasks, docs/evaluation.md) on the run's model;
-- :func:`evaluate`: linear probe, kNN, alignment, uniformity, retrieval, zero-shot and the
-  benchmark tasks (the scores themselves: :mod:`contrastive_jax.training.evaluation`).
+  ``evaluation.tasks`` (the evaluation command's tasks, docs/evaluation.md) on the run's model.
+
+The named evaluations that score these passes (linear probe, kNN, alignment, uniformity,
+retrieval, zero-shot, the tasks) are :mod:`~contrastive_jax.training.evaluation.evaluators`'.
 
 The jitted inference functions are built once per model, so periodic evaluations reuse their
 compilations.
@@ -76,7 +77,7 @@ def _inference(graphdef, input_key: str, text_key: str, augment_json: str, pixel
 
     def features(params, rest, x):
         with _on(mesh):
-            return nnx.merge(graphdef, params, rest).features(model_input(x, pixels))
+            return nnx.merge(graphdef, params, rest).representations(model_input(x, pixels))
 
     def pairs(params, rest, batch, key):
         model = nnx.merge(graphdef, params, rest)
@@ -400,54 +401,3 @@ def check_tasks(config) -> list:
                           f"{config.model.get('name')!r} has none; keep the linear/ and "
                           "fewshot/ tasks")
     return tasks
-
-
-def evaluate(graphdef, state, config, mesh) -> dict:
-    """The trained model, in inference mode, on the evaluation split (probes fitted on the
-    train split's features).
-
-    Linear probe and kNN on the encoder features (unless ``evaluation.classification`` is
-    False: data without labels); always alignment and uniformity of the
-    embeddings the loss compares (Wang & Isola 2020). A dual encoder adds retrieval
-    Recall@1/5/10 both ways (a candidate is correct when it is the pair's own, or, with
-    ``evaluation.retrieval_match`` naming a batch feature, when that feature is equal) and,
-    with ``evaluation.zero_shot_prompts`` set to a modality of
-    :func:`contrastive_jax.training.data.text.captions.class_prompts`, zero-shot accuracy; or,
-    with ``evaluation.zero_shot.class_names`` set, zero-shot top-1 and top-5 with class names and
-    templates (:func:`class_name_zero_shot`). Then the benchmark tasks of ``evaluation.tasks``
-    (:func:`benchmark_tasks`: ``"zeroshot/cifar10/acc1"``, ...).
-    """
-    ev = config.evaluation
-    class_names = ev.get("zero_shot", {}).get("class_names", "")
-    if ev.get("zero_shot_prompts") and class_names:
-        raise ConfigError("set evaluation.zero_shot_prompts (the digit prompts) or "
-                          "evaluation.zero_shot.class_names, not both")
-    results = {}
-    if ev.get("classification", True):  # needs labels
-        train_x, train_y = extract_features(graphdef, state, config, mesh,
-                                            config.data.train_split)
-        test_x, test_y = extract_features(graphdef, state, config, mesh, config.data.eval_split)
-        probe = evaluation.linear_probe(train_x, train_y, test_x, test_y, l2_grid=ev.l2_grid)
-        knn = evaluation.knn_accuracy(train_x, train_y, test_x, test_y, k=ev.knn_k,
-                                      temperature=ev.knn_temperature)
-        results = {"linear_probe": probe["accuracy"], "linear_probe_l2": probe["l2"], "knn": knn}
-    match = ev.get("retrieval_match", "")
-    pairs = pair_embeddings(graphdef, state, config, mesh, config.data.eval_split,
-                            keys=("label", match) if match else ("label",))
-    results["alignment"] = evaluation.alignment(pairs["x"], pairs["y"])
-    results["uniformity"] = evaluation.uniformity(pairs["x"])
-    if hasattr(nnx.merge(graphdef, state.params, state.rest), "embed_texts"):
-        if match and match not in pairs:
-            raise ConfigError(f"evaluation.retrieval_match = {match!r} is not a feature of the "
-                             f"evaluation batches of {config.data.name} (add it to "
-                             "data.features, or set '' to match each pair only)")
-        results.update(evaluation.retrieval_recall(pairs["x"], pairs["y"],
-                                                   match_ids=pairs[match] if match else None))
-        if class_names:
-            results.update(class_name_zero_shot(graphdef, state, config, mesh))
-        elif ev.get("zero_shot_prompts"):
-            prompts = prompt_embeddings(graphdef, state, config, ev.zero_shot_prompts)
-            results["zero_shot"] = evaluation.zero_shot_accuracy(pairs["x"], pairs["label"],
-                                                                 prompts)
-    results.update(benchmark_tasks(graphdef, state, config, mesh))
-    return results

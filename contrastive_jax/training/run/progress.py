@@ -36,8 +36,9 @@ first part's name (a short run has no other), the later ones are ``metrics.jsonl
 last part. An event file's later parts, ``events.out.tfevents.<time>.<host>.part-00001``, ...,
 are event files of whole records whose names sort in write order.
 
-The trainer's status lines name a config's non-default scale settings (:func:`scale_settings`)
-and what an evaluation computes (:func:`evaluation_names`).
+The trainer's start line names a config's non-default scale settings (:func:`scale_settings`);
+what an evaluation computes and shows is its evaluators'
+(:mod:`~contrastive_jax.training.evaluation.evaluators`).
 """
 
 from __future__ import annotations
@@ -373,40 +374,6 @@ class Progress:
             self._tb.close()
         if self._jsonl is not None:
             self._jsonl.close()
-
-
-def evaluation_names(config) -> str:
-    """What an evaluation of ``config``'s model computes, for its status line (the linear
-    probe and kNN only with ``evaluation.classification``, as
-    :func:`~contrastive_jax.training.evaluation.run_evaluation.evaluate` runs them)."""
-    names = ["linear probe", "kNN"] if config.evaluation.get("classification", True) else []
-    names.append("alignment and uniformity")
-    if config.model.get("name") == "dual_encoder":
-        names.append("retrieval")
-        if (config.evaluation.get("zero_shot_prompts")
-                or config.evaluation.get("zero_shot", {}).get("class_names")):
-            names.append("zero-shot")
-    tasks = config.evaluation.get("tasks") or ()
-    if tasks:
-        names.append("tasks " + ", ".join(tasks))
-    return ", ".join(names)
-
-
-def evaluation_summary(result: Mapping[str, float]) -> str:
-    """``"linear_probe 0.9570, knn 0.9470, alignment ..."``: every score an evaluation
-    returned (whichever it computed), for the console; the probe's regulariser and the
-    bookkeeping fields (``step``, ``wall_s``, ``train_s``) left out; of a benchmark task's
-    ``KIND/DATASET/METRIC`` scores only the first (its main metric)."""
-    skip = ("linear_probe_l2", "step", "wall_s", "train_s")
-    shown, tasks = [], set()
-    for k, v in result.items():
-        task = k.rpartition("/")[0]
-        if k in skip or task in tasks:
-            continue
-        if task:
-            tasks.add(task)
-        shown.append(f"{k} {v:.4f}")
-    return ", ".join(shown)
 
 
 def scale_settings(config) -> str:

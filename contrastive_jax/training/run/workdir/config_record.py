@@ -42,7 +42,7 @@ import ml_collections
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models import DEPRECATED_MODEL_NAMES, MOVED_TO_METHODS
+from contrastive_jax.training.models import MOVED_TO_METHODS, upgraded_model_block
 from contrastive_jax.training.run import profiling
 from contrastive_jax.training.run.workdir import json_output
 
@@ -52,7 +52,7 @@ ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS,
                 ("transfer_guard",): "allow", ("log_model_flops",): True,
                 ("checkpoint_timeout_s",): 1200, ("evaluation", "tasks"): (),
                 ("evaluation", "tasks_data_dir"): "", ("evaluation", "tasks_batch_size"): 0,
-                ("evaluation", "tasks_class_names"): "",
+                ("evaluation", "tasks_class_names"): "", ("evaluation", "evaluators"): (),
                 ("evaluation", "task_overrides"): {
                     "test_split": "", "train_split": "", "image_key": "", "label_key": "",
                     "caption_key": ""}}
@@ -93,12 +93,11 @@ def upgrade(record: Mapping) -> dict[str, Any]:
     model = out.get("model")
     if not isinstance(model, dict):
         return out
-    if model.get("name") in DEPRECATED_MODEL_NAMES:
-        model["name"] = DEPRECATED_MODEL_NAMES[model["name"]]
     for key, new in MOVED_TO_METHODS.items():
         if key in model:
             block, _, name = new.partition(".")
-            out.setdefault(block, {})[name] = model.pop(key)
+            out.setdefault(block, {})[name] = model[key]
+    out["model"] = upgraded_model_block(model)
     return out
 
 
