@@ -87,8 +87,8 @@ def test_batchnorm_uses_batch_statistics_in_training_only():
     assert not np.allclose(single_train, batch_train)  # batch statistics differ
     mean = nnx.state(model, nnx.BatchStat)["encoder"]["norms"][0]["mean"][...]
     assert np.any(mean != 0)  # running averages moved
-    features = nnx.jit(type(model).features)(model, x)
-    np.testing.assert_allclose(nnx.jit(type(model).features)(model, x[:1]), features[:1],
+    features = nnx.jit(type(model).representations)(model, x)
+    np.testing.assert_allclose(nnx.jit(type(model).representations)(model, x[:1]), features[:1],
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(apply(model, x)[1], features, rtol=1e-6)
 

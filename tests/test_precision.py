@@ -79,7 +79,7 @@ def test_bfloat16_keeps_the_float32_parameter_tree(config):
     x = example_input(config)  # (each model call below is one jitted program)
     # computed in bfloat16: the features differ from the float32 model's by bfloat16 rounding
     # (relative error ~3e-3 measured; before any training-mode call moves BatchNorm averages)
-    features, plain_features = (nnx.jit(type(m).features)(m, x) for m in (half, plain))
+    features, plain_features = (nnx.jit(type(m).representations)(m, x) for m in (half, plain))
     error = float(jnp.linalg.norm(features - plain_features) / jnp.linalg.norm(plain_features))
     assert 1e-4 < error < 2e-2, error
     if config["name"] == "dual_encoder":

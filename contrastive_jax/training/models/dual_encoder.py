@@ -89,7 +89,7 @@ class DualEncoder(nnx.Module):
         return up_to_float32(_projected(self.text_proj, apply_encoder(
             self.text_encoder, tokens, train, dropout_keys)))
 
-    def features(self, sample: jax.Array) -> jax.Array:
+    def representations(self, sample: jax.Array) -> jax.Array:
         """Sample-tower representations ``(B, sample_encoder.features)`` (before the projection)
         in inference mode for probes, float32."""
         return up_to_float32(apply_encoder(self.sample_encoder, sample, False, None))

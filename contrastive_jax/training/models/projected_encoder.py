@@ -48,7 +48,7 @@ class ProjectedEncoder(nnx.Module):
         h = apply_encoder(self.encoder, x, train, dropout_keys)
         return up_to_float32(self.head(h, train=train)), up_to_float32(h)
 
-    def features(self, x: jax.Array) -> jax.Array:
+    def representations(self, x: jax.Array) -> jax.Array:
         """Representations ``h = f(x)`` ``(B, encoder.features)`` in inference mode (no
         dropout, BatchNorm's running statistics) for probes, float32."""
         return up_to_float32(apply_encoder(self.encoder, x, False, None))
