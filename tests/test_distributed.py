@@ -25,6 +25,7 @@ from contrastive_jax.training.run.launch.distributed import Launch, join_job, la
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
 import emulated_transfer_guard  # noqa: E402
+import forked_command_lines  # noqa: E402
 import multihost_worker  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
 
@@ -291,20 +292,19 @@ def test_a_two_process_workdir_resumed_by_one_process_needs_resplit_data(uninter
     """The finished 2-process x 1-device workdir (:func:`uninterrupted`) resumed by 1 process
     x 2 devices (the same global batch and devices): exit 2 naming both counts and
     --resplit_data, nothing moved aside; with --resplit_data it resumes at that step and
-    finishes. Both command lines are forked from one interpreter
-    (tests/forked_command_lines.py): one import of the trainer."""
-    from test_reliability import run_command_lines
-
+    finishes."""
     workdir = _copy(uninterrupted, tmp_path / "run")
-    single = [*LOST_HOST_ARGS, f"--workdir={workdir}", "--config.total_steps=28",
-              "--accept_config_change", "--jax_num_cpu_devices=2"]
-    refused, resumed = run_command_lines([single, [*single, "--resplit_data"]])
+    single = [sys.executable, "-m", "contrastive_jax.main", *LOST_HOST_ARGS,
+              f"--workdir={workdir}", "--config.total_steps=28", "--accept_config_change",
+              "--jax_num_cpu_devices=2"]
+    refused = forked_command_lines.run(single)
     assert refused.returncode == 2, refused.stderr[-1500:]
     assert refused.stderr.splitlines()[-1].startswith(
         f"error: checkpoint 24 in {workdir / 'checkpoints'} was written by a run of 2 "
         "processes and this run has 1: each process saved its own place in the data. Resume "
         "with 2 processes, or add --resplit_data")
     assert not (workdir / "checkpoints_set_aside").exists()
+    resumed = forked_command_lines.run([*single, "--resplit_data"])
     assert resumed.returncode == 0, resumed.stderr[-1500:]
     assert "resumed from step 24: 28 steps of 64 on 2 devices (1 processes)" in resumed.stdout
     assert json.loads((workdir / "results.json").read_text())["steps"] == 28
@@ -345,15 +345,8 @@ def test_a_host_whose_checkpoint_write_fails_stops_both_with_one_line_each(unint
             "--config.checkpoint_timeout_s=10", "--config.total_steps=30",
             "--accept_config_change"]
     port = str(_free_port())
-    limited = [_cli_process(0, port, args)]
-    env = child_environment()
-    env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
-               CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID="1")
-    limited.append(subprocess.Popen(  # a shell's ulimit: 8 KiB files, smaller than a save's
-        ["bash", "-c", 'ulimit -f 8 && exec "$@"', "bash", sys.executable, "-m",
-         "contrastive_jax.main", *args],
-        env=env, cwd=pathlib.Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True))
+    limited = [_cli_process(0, port, args),  # process 1 can write no file above 8 KiB
+               _cli_process(1, port, args, file_size_limit=8 * 1024)]  # (a save's are larger)
     start = time.monotonic()
     outs = _finish_all(limited)
     assert time.monotonic() - start < 10 + 90  # start-up and the steps included
@@ -393,19 +386,21 @@ def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def _cli_process(i: int, port: str, args: list[str],
-                 env_extra: dict[str, str] | None = None) -> subprocess.Popen:
-    """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback."""
+def _cli_process(i: int, port: str, args: list[str], env_extra: dict[str, str] | None = None,
+                 file_size_limit: int | None = None):
+    """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback (a
+    :class:`subprocess.Popen`, or its look-alike forked by tests/forked_command_lines.py's
+    server where the environment allows: no second start-up of Python and its imports).
+    ``file_size_limit``: bytes, as a shell's ``ulimit -f``."""
     env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
                CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
     env.update(env_extra or {})
-    return subprocess.Popen([sys.executable, "-m", "contrastive_jax.main", *args], env=env,
-                            cwd=pathlib.Path(__file__).resolve().parents[1],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return forked_command_lines.popen([sys.executable, "-m", "contrastive_jax.main", *args],
+                                      env, file_size_limit=file_size_limit)
 
 
-def _finish_all(procs: list[subprocess.Popen]) -> list[tuple[str, str]]:
+def _finish_all(procs: list) -> list[tuple[str, str]]:
     try:
         return [p.communicate(timeout=120) for p in procs]
     finally:
