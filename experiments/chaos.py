@@ -94,14 +94,14 @@ def logged_step(workdir: pathlib.Path) -> int:
 
 
 def run_with_kills(cmd, workdir: pathlib.Path, steps: int, kills: int, rng: random.Random,
-                   env) -> dict:
-    """Start ``cmd`` repeatedly, SIGKILL it at a random logged step ``kills`` times."""
+                   env, popen=None) -> dict:
+    """Start ``cmd`` repeatedly, SIGKILL it at a random logged step ``kills`` times.
+    ``popen(cmd, env)`` starts it (:func:`_start` when None; the test suite forks it)."""
     stats = {"runs": 0, "kills": 0, "resumes": 0, "lost": []}
     while True:
         start = logged_step(workdir)
         stats["runs"] += 1
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = (popen or _start)(cmd, env)
         # a random step in the first half of what is left, so the kill lands before the end
         half = start + max(2, (steps - start) // 2)
         target = rng.randint(start + 2, half) if stats["kills"] < kills and \

@@ -173,8 +173,10 @@ def serve() -> None:
                 pid = os.fork()
                 if pid == 0:
                     _child(request["args"], request["env"], request["stdout"],
-                           request["stderr"], file_size_limit=request.get("file_size_limit"),
-                           cwd=request.get("cwd"), exit_as_python=True)
+                           request["stderr"], request.get("bug"),
+                           file_size_limit=request.get("file_size_limit"),
+                           cwd=request.get("cwd"),
+                           exit_as_python=not request.get("exit_at_once"))
                 running[pid] = request["status"]
                 answer = {"pid": pid}
             os.write(1, json.dumps(answer).encode() + b"\n")
@@ -242,9 +244,13 @@ class CommandLineServer:
         return f"the server started with other {', '.join(differ)}" if differ else None
 
     def start(self, args: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
-              file_size_limit: int | None = None) -> ForkedRun:
+              file_size_limit: int | None = None, bug: str | None = None,
+              exit_at_once: bool = False) -> ForkedRun:
         """``python -m contrastive_jax.main ARGS`` with the environment ``env`` (the
-        server's when None) in ``cwd`` (the repository's when None), forked."""
+        server's when None) in ``cwd`` (the repository's when None), forked; ``bug``: its
+        trainer raises ``RuntimeError(bug)``; ``exit_at_once``: it ends with ``os._exit`` (as
+        the children of ``commands.json`` do: no ``atexit`` handlers and no teardown of its
+        modules, which costs about 0.4 s), else as the interpreter ends a program."""
         self.count += 1
         folder = os.path.join(self.folder, str(self.count))
         os.mkdir(folder)
@@ -252,7 +258,8 @@ class CommandLineServer:
                    "cwd": str(cwd or REPO), "stdout": os.path.join(folder, "stdout"),
                    "stderr": os.path.join(folder, "stderr"),
                    "status": os.path.join(folder, "status"),
-                   "file_size_limit": file_size_limit}
+                   "file_size_limit": file_size_limit, "bug": bug,
+                   "exit_at_once": exit_at_once}
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
         self.process.stdin.flush()
         answer = json.loads(self.process.stdout.readline())

@@ -19,6 +19,7 @@ from contrastive_jax.training.train import train_and_evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+import forked_command_lines  # noqa: E402
 from test_reliability import quick  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
 
@@ -337,7 +338,7 @@ def test_corrupted_record_files_are_one_paragraph_naming_the_fix(tmp_path):
     train = [sys.executable, "-m", "contrastive_jax.main", f"--workdir={tmp_path / 'w'}",
              "--config=configs/simclr_mnist1d.py:quick", "--config.evaluation.enabled=False",
              "--config.total_steps=2", f"--config.data.data_dir={data}"]
-    run = subprocess.run(train, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    run = forked_command_lines.run(train, env)  # forked: no start-up of Python and imports
     assert run.returncode == 2, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
     assert "error: the record files of dataset 'mnist1d'" in run.stderr

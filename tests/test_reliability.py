@@ -4,7 +4,6 @@ import json
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from contrastive_jax.training.step.train_state import all_finite, params_digest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+import forked_command_lines  # noqa: E402
 from test_train import load_config  # noqa: E402
 from trained_workdirs import simclr_quick_config, simclr_quick_workdir  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
@@ -52,18 +52,16 @@ def load_chaos():
 def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     """One uninterrupted run; the same run stopped by SIGTERM, restarted, killed by SIGKILL at
     a random step (experiments/chaos.py) and restarted again: both end with the same
-    parameter hash (parameters and BatchNorm statistics bit-identical)."""
+    parameter hash (parameters and BatchNorm statistics bit-identical). Each run is forked by
+    tests/forked_command_lines.py's server (no start-up of Python and its imports each)."""
     chaos = load_chaos()
     steps, every = 16, 4
     config = "configs/simclr_mnist1d.py:quick"
-    whole = subprocess.run(chaos.command(config, tmp_path / "whole", steps, every),
-                           env=child_environment(), cwd=REPO, capture_output=True, text=True,
-                           timeout=300)
+    whole = forked_command_lines.run(chaos.command(config, tmp_path / "whole", steps, every))
     assert whole.returncode == 0, whole.stderr[-2000:]
 
     cut = tmp_path / "cut"
-    run = subprocess.Popen(chaos.command(config, cut, steps, every), env=child_environment(),
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = forked_command_lines.popen(chaos.command(config, cut, steps, every))
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and run.poll() is None:
@@ -84,7 +82,8 @@ def test_stopped_or_killed_runs_resume_bit_identical(tmp_path):
     assert saved[-1] == stopped  # saved at the step boundary it stopped at
     # restart it; kill that run with SIGKILL at a random later step; restart again
     stats = chaos.run_with_kills(chaos.command(config, cut, steps, every), cut, steps, 1,
-                                 random.Random(0), child_environment())
+                                 random.Random(0), child_environment(),
+                                 popen=forked_command_lines.popen)
     assert stats["kills"] == 1 and stats["runs"] == 2 and stats["resumes"] == 2, stats
     # saves are asynchronous and each waits for the one before: a kill during a save loses
     # that checkpoint too, so at most the steps since the save before it
@@ -450,18 +449,19 @@ USER_ERRORS = [
 
 def run_command_lines(commands: list, env: dict | None = None) -> list:
     """``contrastive_jax.main`` with each of ``commands`` (the arguments after ``-m
-    contrastive_jax.main``, or a dict of tests/forked_command_lines.py's request: ``args``,
-    and ``env`` or ``bug``), one forked child each of one interpreter
-    (tests/forked_command_lines.py): each result has the command's ``returncode``,
-    ``stdout`` and ``stderr``. ``env`` is added to every command's environment."""
-    requests = [dict(c) if isinstance(c, dict) else {"args": c} for c in commands]
-    for r in requests:
-        r["env"] = {**(env or {}), **r.get("env", {})}
-    run = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "forked_command_lines.py"))], input=json.dumps(requests), env=child_environment(),
-        cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return [SimpleNamespace(**r) for r in json.loads(run.stdout.splitlines()[-1])]
+    contrastive_jax.main``, or a dict: ``args``, and ``env`` or ``bug``, a message the trainer
+    raises as a RuntimeError), in turn, each a child forked by tests/forked_command_lines.py's
+    server that ends at once (``os._exit``: its status and output are all that is checked):
+    each result has the command's ``returncode``, ``stdout`` and ``stderr``. ``env`` is added to
+    every command's environment."""
+    results = []
+    for request in (dict(c) if isinstance(c, dict) else {"args": c} for c in commands):
+        run = forked_command_lines.server().start(
+            request["args"], {**child_environment(), **(env or {}), **request.get("env", {})},
+            bug=request.get("bug"), exit_at_once=True)
+        out, err = run.communicate(timeout=300)
+        results.append(SimpleNamespace(returncode=run.returncode, stdout=out, stderr=err))
+    return results
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ either layout.
 import json
 import pathlib
 import shutil
-import subprocess
 import sys
 
+import forked_command_lines
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -26,7 +26,6 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from xla_environment import child_environment
 
 from contrastive_jax.errors import CheckpointError, ConfigError
 from contrastive_jax.mesh import make_mesh
@@ -301,8 +300,7 @@ def test_the_unrolled_fixture_resumes_scanned(tmp_path):
                "--config=configs/clip_mnist1d.py:quick", f"--workdir={workdir}",
                "--config.total_steps=6", "--config.checkpoint_every=3",
                "--config.evaluation.enabled=False", "--config.model.text_encoder.depth=2"]
-    out = subprocess.run(command, cwd=REPO, env=child_environment(), capture_output=True,
-                         text=True, timeout=300)
+    out = forked_command_lines.run(command)  # forked: no start-up of Python and its imports
     assert out.returncode == 0, out.stdout + out.stderr
     assert "resumed from step 3" in out.stdout
     results = json.loads((workdir / "results.json").read_text())

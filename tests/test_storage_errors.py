@@ -1,7 +1,7 @@
 """Writes the system refuses (file-size limit, read-only checkpoints, disk full) end a run with
 exit 2 and one paragraph, at once, and a rerun of the same config finishes once the cause is
-fixed (the command's exit status and message are checked in a subprocess, the reruns and first
-runs in this process)."""
+fixed (the command's exit status and message are checked in a child process, forked by
+tests/forked_command_lines.py's server, the reruns and first runs in this process)."""
 
 import contextlib
 import errno
@@ -18,9 +18,9 @@ from contrastive_jax.training import train
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+import forked_command_lines  # noqa: E402
 from test_reliability import command, quick  # noqa: E402
 from trained_workdirs import simclr_quick_workdir  # noqa: E402
-from xla_environment import child_environment  # noqa: E402
 
 
 def test_storage_cause_walks_the_exception_chain():
@@ -49,12 +49,6 @@ def test_storage_cause_walks_the_exception_chain():
     assert "in the workdir /w" in storage_message(OSError(errno.EFBIG, "File too large"), "/w")
 
 
-def _with_file_size_limit(args: list[str], kib: int) -> list[str]:
-    """``args`` run by a shell whose file-size limit is ``kib`` KiB (``ulimit -f`` counts 1 KiB
-    blocks); a shell, not ``preexec_fn``, which is unsafe to fork from a threaded process."""
-    return ["bash", "-c", f'ulimit -f {kib} && exec "$@"', "bash", *args]
-
-
 # 16 KiB: a file orbax writes itself fails (an OSError); 12 KiB: one of TensorStore's, from
 # orbax's writer threads (a ValueError naming the OS error code, with a traceback from each
 # pending write and "Event loop is closed" from each late callback before it was handled)
@@ -67,9 +61,7 @@ def test_a_file_size_limit_during_a_save_is_one_paragraph_and_the_rerun_resumes(
 
     open_split("mnist1d", "train")  # prepared (in the session's data dir) before the limit
     args = command(tmp_path, "--config.total_steps=6", "--config.checkpoint_every=3")
-    limited = subprocess.run(_with_file_size_limit(args, kib), cwd=REPO,
-                             env=child_environment(), capture_output=True, text=True,
-                             timeout=300)
+    limited = forked_command_lines.run(args, file_size_limit=kib * 1024)  # as ulimit -f
     assert limited.returncode == 2, limited.stderr[-3000:]
     errors = [line for line in limited.stderr.splitlines() if line.strip()
               and "Warning" not in line and "warn(" not in line]
@@ -111,9 +103,8 @@ def test_a_read_only_checkpoint_folder_is_refused_at_start(tmp_path):
     simclr_quick_workdir(tmp_path)
     with _unwritable(tmp_path / "checkpoints"):
         # it used to wait 300 s for orbax's directory creation and then print a TimeoutError
-        run = subprocess.run(command(tmp_path, "--config.total_steps=9",
-                                     "--config.checkpoint_every=3"), cwd=REPO,
-                             env=child_environment(), capture_output=True, text=True, timeout=120)
+        run = forked_command_lines.run(command(tmp_path, "--config.total_steps=9",
+                                               "--config.checkpoint_every=3"), timeout=120)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "Traceback" not in run.stderr
     assert "error: the checkpoint folder" in run.stderr and "is not writable" in run.stderr

@@ -3,15 +3,14 @@
 import copy
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_command_lines
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from xla_environment import child_environment
 
 from contrastive_jax.losses.parts.temperature import logit_scale
 from contrastive_jax.mesh import make_mesh
@@ -163,12 +162,10 @@ def test_command_line_runs_reports_and_resumes(tmp_path):
     """A run of ``python -m contrastive_jax.main`` on one device reports, logs and checkpoints;
     the same workdir resumes on 8 devices. (A misspelt flag's exit status and message:
     tests/test_reliability.py, test_user_errors_exit_2_with_one_paragraph.)"""
-    env = child_environment()
-    run = subprocess.run(
+    run = forked_command_lines.run(  # forked: no start-up of Python and its imports
         [sys.executable, "-m", "contrastive_jax.main",
          "--config=configs/simclr_mnist1d.py:quick", f"--workdir={tmp_path}",
-         "--config.total_steps=4", "--config.checkpoint_every=2"], cwd=REPO, env=env,
-        capture_output=True, text=True, timeout=300)
+         "--config.total_steps=4", "--config.checkpoint_every=2"])
     assert run.returncode == 0, run.stderr[-3000:]
     assert "step      4/4 | loss" in run.stdout and "ex/s (" in run.stdout
     assert "TFLOP/s/chip | MFU n/a | ETA" in run.stdout  # the CPU: no peak to divide by

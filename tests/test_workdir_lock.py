@@ -16,6 +16,7 @@ from contrastive_jax.training.run.workdir.workdir_lock import LOCK_FILE, workdir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
+import forked_command_lines  # noqa: E402
 from test_reliability import command, quick  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
 
@@ -45,8 +46,7 @@ def test_a_second_trainer_stops_naming_the_first_and_a_killed_one_leaves_no_lock
             train.train_and_evaluate(quick(), str(tmp_path))
         assert not (tmp_path / "checkpoints").exists()  # stopped before touching anything
         # the command line: exit 2, one paragraph
-        cli = subprocess.run(command(tmp_path, "--config.total_steps=2"), cwd=REPO,
-                             env=child_environment(), capture_output=True, text=True, timeout=300)
+        cli = forked_command_lines.run(command(tmp_path, "--config.total_steps=2"))
         assert cli.returncode == 2, cli.stderr[-2000:]
         assert cli.stderr.startswith("error: workdir") and "Traceback" not in cli.stderr
     finally:
