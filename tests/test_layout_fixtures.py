@@ -93,9 +93,18 @@ def test_a_workdir_of_today_loads_with_its_batch_norm_statistics():
     assert rel_error(texts, expected["embed_texts"]) < 1e-5
 
 
-def test_a_workdir_of_today_resumes_to_its_last_step(tmp_path):
+def test_a_workdir_of_today_resumes_and_loads_at_any_step(tmp_path):
     """Today's config of the fixture's command resumes the workdir (no recorded difference to
-    accept) and trains steps 3 and 4 to finite losses."""
+    accept) and trains steps 3 and 4 to finite losses, onto 8 devices (written on one). Then
+    ``load_pretrained`` of the workdir holds the last checkpoint's model bit for bit (its
+    parameters and BatchNorm statistics hash to the digest the trainer wrote in
+    results.json), ``step=2`` gives the fixture's own checkpoint (the recorded embeddings) and
+    the tokenizer is the run's, the caption words."""
+    from types import SimpleNamespace
+
+    from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
+    from contrastive_jax.training.step.train_state import params_digest
+
     workdir = tmp_path / "run"
     shutil.copytree(WORKDIR, workdir, ignore=shutil.ignore_patterns("expected.json"))
     config = load_config("clip_mnist1d.py:quick")
@@ -104,5 +113,18 @@ def test_a_workdir_of_today_resumes_to_its_last_step(tmp_path):
     results = train_and_evaluate(config, os.path.relpath(workdir))
     assert results["resumed_from"] == 2 and results["steps"] == 4
     assert np.isfinite(results["final_train_metrics"]["loss"])
-    assert jax.device_count() == 8  # resumed onto 8 devices (written on one)
-
+    assert jax.device_count() == 8 and results["devices"] == 8
+    expected = json.loads((WORKDIR / "expected.json").read_text())
+    signal = jnp.asarray(np.random.default_rng(0).normal(size=(2, 40, 1)).astype(np.float32))
+    last, preprocess, tokenizer = load_pretrained(workdir)
+    assert preprocess is None
+    _, params, rest = nnx.split(last, nnx.Param, ...)
+    assert params_digest(SimpleNamespace(params=params, rest=rest)) == results["params_sha256"]
+    second, _, _ = load_pretrained(workdir, step=2)
+    embed = nnx.jit(lambda m, v: m.embed_samples(v))
+    assert rel_error(embed(second, signal), expected["embed_samples"]) < 1e-5
+    assert rel_error(embed(last, signal), expected["embed_samples"]) > 1e-3
+    ids = tokenizer(["a signal of the digit three"])
+    assert ids.shape == (1, config.model.text_encoder.max_tokens)
+    words = load_tokenizer({"kind": "words", "path": ""})
+    assert words.decode(ids) == ["a signal of the digit three"]

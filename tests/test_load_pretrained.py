@@ -109,44 +109,17 @@ def test_bfloat16_compute_and_bad_preprocessing_settings(converted_exact):
         ImagePreprocess(16, (0.5,) * 3, (0.5,) * 3, "nearest")
 
 
-def test_a_trainer_workdir_gives_its_model_and_tokenizer(tmp_path):
-    """A CLIP run on MNIST-1D and digit captions (2 steps): the model holds the latest
-    checkpoint's parameters bit for bit (``step=1``: the first's), the tokenizer is the run's
-    (the digit-caption words), there is no image preprocessing (the samples are signals);
-    other models are refused."""
-    import jax
-    from test_pretrained import clip_quick
-
-    from contrastive_jax.pretrained import read_source, with_weights
-    from contrastive_jax.training.parameter_paths import leaves_by_path
-    from contrastive_jax.training.train import train_and_evaluate
-
-    config = clip_quick()
-    config.total_steps, config.checkpoint_every = 2, 1
-    train_and_evaluate(config, str(tmp_path / "run"))
-    model, preprocess, tokenizer = load_pretrained(tmp_path / "run")
-    assert preprocess is None
-
-    def flat(model):
-        return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
-                for path, leaf in jax.tree_util.tree_leaves_with_path(
-                    nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
-
-    for step, loaded in ((2, flat(model)),  # the latest, and step=1 on request
-                         (1, flat(load_pretrained(tmp_path / "run", step=1)[0]))):
-        stored = {k: np.asarray(v) for k, v in leaves_by_path(with_weights(read_source(
-            tmp_path / "run", step=step)).params).items()}
-        assert sorted(loaded) == sorted(stored)
-        assert all(loaded[k].tobytes() == stored[k].tobytes() for k in stored)
-    assert any(flat(model)[k].tobytes() != v.tobytes() for k, v in loaded.items())
-    with pytest.raises(ConfigError, match=r"is not one .*drop the step"):
-        load_pretrained(tmp_path, step=1)
-    ids = tokenizer(["a signal of the digit three"])
-    assert ids.shape == (1, config.model.text_encoder.max_tokens)
-    words = load_tokenizer({"kind": "words", "path": ""})
-    assert words.decode(ids) == ["a signal of the digit three"]
+def test_a_trainer_workdir_refuses_what_names_another_kind():
+    """A workdir holds one model: ``pretrained=TAG`` (an open_clip release) is refused, and
+    ``step=N`` names a checkpoint of a workdir only. (A workdir's model, tokenizer and steps:
+    tests/test_layout_fixtures.py, on the committed CLIP workdir.)"""
+    workdir = FIXTURES / "workdir_v0_3_clip"
     with pytest.raises(ConfigError, match="pretrained='x' names an open_clip release"):
-        load_pretrained(tmp_path / "run", pretrained="x")
+        load_pretrained(workdir, pretrained="x")
+    with pytest.raises(ConfigError, match=r"is not one .*drop the step"):
+        load_pretrained(FIXTURES / "converted_v0_3_siglip", step=1)
+    with pytest.raises(ConfigError, match=r"has no checkpoint of step 3; its steps: \[2\]"):
+        load_pretrained(workdir, step=3)
 
 
 def test_zero_shot_classifier_is_clips_prompt_ensemble(tmp_path):
