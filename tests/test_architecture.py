@@ -18,6 +18,7 @@ rooms of ``contrastive_jax.training`` (methods, models, step, run, ...) import e
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -269,3 +270,16 @@ def test_no_two_classes_and_no_two_public_functions_share_a_name():
     assert set(shared) <= {SHARED_ENTRY_POINT}, {k: v for k, v in shared.items()
                                                  if k != SHARED_ENTRY_POINT}
     assert len(shared.get(SHARED_ENTRY_POINT, [])) >= 9  # every command module has one
+
+
+def test_the_module_map_names_every_module_and_folder():
+    """docs/architecture.md's module map still matches the tree: every module of the package
+    is named in it (by its name) and every folder (``name/``), so a new module or room is
+    placed in the map when it is added."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    missing = [str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py"))
+               if path.name not in ("__init__.py", "__main__.py")
+               and not re.search(rf"\b{re.escape(path.stem)}\b", doc)]
+    missing += [f"{folder.relative_to(PACKAGE)}/" for folder in sorted(PACKAGE.rglob("*"))
+                if (folder / "__init__.py").exists() and f"{folder.name}/" not in doc]
+    assert not missing, f"not in docs/architecture.md's module map: {missing}"
