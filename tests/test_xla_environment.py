@@ -16,7 +16,7 @@ def test_the_suite_runs_with_its_flags_and_a_user_setting_wins(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=2")
     add_suite_xla_flags()
     assert os.environ["XLA_FLAGS"].split() == ["--xla_backend_optimization_level=2",
-                                               "--xla_cpu_use_fusion_emitters=false"]
+                                               *SUITE_XLA_FLAGS[1:]]
 
 
 def test_child_environment_has_one_device_unless_asked_and_the_suite_flags(monkeypatch):

@@ -4,7 +4,12 @@ The suite is compile-bound: most of its time was XLA:CPU compiling small program
 Two flags of XLA:CPU's code generation cut that by about half (measured 2026-12-02 on 2 cores:
 the whole suite 17 -> 10 minutes): LLVM at -O0 (``xla_backend_optimization_level``) and the
 classic elemental emitters instead of the MLIR fusion emitters (``xla_cpu_use_fusion_emitters``).
-Both change only how each fused kernel becomes machine code; XLA's HLO passes (fusion, SPMD
+A third, ``xla_cpu_parallel_codegen_split_count=1``, compiles each program's LLVM module as one
+piece instead of splitting it for parallel code generation: on 2 cores, both busy with the
+suite's two workers, the split parts only add work (measured 2026-12-06: test_accumulation,
+test_remat and test_state_sharding 133 -> 119 CPU-s). Like -O0 it changes the last bits of some
+results (a 6-step SimCLR run's parameter digest differs), never a program's HLO.
+All three change only how each fused kernel becomes machine code; XLA's HLO passes (fusion, SPMD
 partitioning, collectives, buffer assignment, remat) run as by default, so the numbers the
 tests assert (float64 equalities, bit-identical resumes across processes, compiled collectives
 and temporaries) are checked on the same programs. Numbers that must match a run made with the
@@ -16,7 +21,8 @@ import os
 import subprocess
 import sys
 
-SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                   "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def _name(flag: str) -> str:
