@@ -74,10 +74,16 @@ def _data(kind, **kwargs):
 
 
 def _apply(kind, op, batch, key, strength):
-    """A per-example op over a batch, one key per example (as ``augment`` does)."""
-    fn = MODULES[kind].OPS[op]
+    """A per-example op over a batch, one key per example (as ``augment`` does), jitted (one
+    program per op, strength and shape, instead of one per primitive of the op)."""
     keys = jax.random.split(key, batch.shape[0])
-    return np.asarray(jax.vmap(lambda x, k: fn(x, k, strength))(jnp.asarray(batch), keys))
+    return np.asarray(_vmapped(kind, op, float(strength))(jnp.asarray(batch), keys))
+
+
+@functools.cache
+def _vmapped(kind, op, strength):
+    fn = MODULES[kind].OPS[op]
+    return jax.jit(jax.vmap(lambda x, k: fn(x, k, strength)))
 
 
 def _config(kind, **strengths):
