@@ -40,12 +40,15 @@ REPO = os.path.dirname(HERE)
 
 def _child(args: list[str], env: dict[str, str] | None, out_path: str, err_path: str,
            bug: str | None = None, file_size_limit: int | None = None,
-           cwd: str | None = None, exit_as_python: bool = False) -> None:
+           cwd: str | None = None, exit_as_python: bool = False, program: dict | None = None,
+           transfer_guard: bool = False) -> None:
     """In a forked child: the command line with ``args`` (``env``: its whole environment, or
     None to add nothing), stdout and stderr to the files; exits with its status: at once
     (``os._exit``), or ``exit_as_python`` as the interpreter ends a program (``SystemExit``
     up the stack: threads joined, ``atexit`` handlers run, such as JAX's end of a
-    multi-process job)."""
+    multi-process job). ``program``: what runs instead of ``python -m contrastive_jax.main``
+    (:func:`_run_program`); ``transfer_guard``: tests/emulated_transfer_guard.py installed
+    first, as its ``sitecustomize`` does in a new interpreter."""
     code = 1
     try:
         if env is not None:
@@ -64,6 +67,11 @@ def _child(args: list[str], env: dict[str, str] | None, out_path: str, err_path:
             handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(handle, fd)
             os.close(handle)
+        if transfer_guard:  # as emulated_transfer_guard.site_folder's sitecustomize does
+            sys.path.insert(0, HERE)
+            import emulated_transfer_guard
+
+            emulated_transfer_guard.install()
         sys.argv = ["contrastive_jax.main", *args]
         from contrastive_jax import main
 
@@ -75,7 +83,10 @@ def _child(args: list[str], env: dict[str, str] | None, out_path: str, err_path:
 
             train.train_and_evaluate = raise_bug
         try:
-            main.main()
+            if program:
+                _run_program(program, args)
+            else:
+                main.main()
             code = 0
         except SystemExit as stop:
             if stop.code is None or isinstance(stop.code, int):
@@ -90,6 +101,26 @@ def _child(args: list[str], env: dict[str, str] | None, out_path: str, err_path:
         if not exit_as_python:
             os._exit(code)
     raise SystemExit(code)
+
+
+def _run_program(program: dict, args: list[str]) -> None:
+    """``python -m MODULE ARGS`` (``{"module"}``), ``python -c CODE ARGS`` (``{"code"}``) or
+    ``python SCRIPT ARGS`` (``{"script"}``) in this (forked) interpreter, with ``sys.argv`` and
+    ``sys.path[0]`` as Python sets them."""
+    import runpy
+
+    if "module" in program:
+        sys.argv = [program["module"], *args]  # runpy puts the module's file in argv[0]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(program["module"], run_name="__main__", alter_sys=True)
+    elif "code" in program:
+        sys.argv = ["-c", *args]
+        sys.path[0] = ""
+        exec(compile(program["code"], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        sys.argv = [program["script"], *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(program["script"]))
+        runpy.run_path(program["script"], run_name="__main__")
 
 
 def run_in_child(args: list[str], env: dict[str, str], out_path: str, err_path: str,
@@ -126,11 +157,23 @@ def main() -> None:
 START_SETTINGS = ("PYTHONPATH",)  # read by Python's own start
 
 
-def _refusal(env: dict[str, str]) -> str | None:
-    """Why a child with ``env`` cannot be a fork of this interpreter, or None."""
+def _refusal(env: dict[str, str], program: dict | None = None) -> str | None:
+    """Why a child with ``env`` (running ``program``) cannot be a fork of this interpreter, or
+    None: settings read at start that differ, or a module to run that this interpreter has
+    imported already (``python -m`` would import it afresh)."""
     names = {k for k in (*os.environ, *env) if k.startswith("JAX_") or k in START_SETTINGS}
     differ = sorted(k for k in names if os.environ.get(k) != env.get(k))
-    return f"the server started with other {', '.join(differ)}" if differ else None
+    if differ:
+        return f"the server started with other {', '.join(differ)}"
+    module = (program or {}).get("module")
+    if module:
+        import importlib.util
+
+        spec = importlib.util.find_spec(module)
+        main_module = module + ".__main__" if spec.submodule_search_locations else module
+        if main_module in sys.modules:
+            return f"{main_module} is imported already"
+    return None
 
 
 def serve() -> None:
@@ -165,7 +208,7 @@ def serve() -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
-            refusal = _refusal(request["env"])
+            refusal = _refusal(request["env"], request.get("program"))
             if refusal:
                 answer = {"error": refusal}
             else:
@@ -176,10 +219,16 @@ def serve() -> None:
                            request["stderr"], request.get("bug"),
                            file_size_limit=request.get("file_size_limit"),
                            cwd=request.get("cwd"),
-                           exit_as_python=not request.get("exit_at_once"))
+                           exit_as_python=not request.get("exit_at_once"),
+                           program=request.get("program"),
+                           transfer_guard=request.get("transfer_guard", False))
                 running[pid] = request["status"]
                 answer = {"pid": pid}
             os.write(1, json.dumps(answer).encode() + b"\n")
+
+
+class Refused(ValueError):
+    """The server cannot fork this child (:func:`_refusal`)."""
 
 
 class ForkedRun:
@@ -245,12 +294,15 @@ class CommandLineServer:
 
     def start(self, args: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
               file_size_limit: int | None = None, bug: str | None = None,
-              exit_at_once: bool = False) -> ForkedRun:
-        """``python -m contrastive_jax.main ARGS`` with the environment ``env`` (the
-        server's when None) in ``cwd`` (the repository's when None), forked; ``bug``: its
-        trainer raises ``RuntimeError(bug)``; ``exit_at_once``: it ends with ``os._exit`` (as
-        the children of ``commands.json`` do: no ``atexit`` handlers and no teardown of its
-        modules, which costs about 0.4 s), else as the interpreter ends a program."""
+              exit_at_once: bool = False, program: dict | None = None,
+              transfer_guard: bool = False) -> ForkedRun:
+        """``python -m contrastive_jax.main ARGS`` (or ``program``, :func:`_run_program`) with
+        the environment ``env`` (the server's when None) in ``cwd`` (the repository's when
+        None), forked; ``bug``: its trainer raises ``RuntimeError(bug)``; ``exit_at_once``: it
+        ends with ``os._exit`` (as the children of ``commands.json`` do: no ``atexit``
+        handlers and no teardown of its modules, which costs about 0.4 s), else as the
+        interpreter ends a program; ``transfer_guard``: tests/emulated_transfer_guard.py
+        installed first."""
         self.count += 1
         folder = os.path.join(self.folder, str(self.count))
         os.mkdir(folder)
@@ -259,12 +311,13 @@ class CommandLineServer:
                    "stderr": os.path.join(folder, "stderr"),
                    "status": os.path.join(folder, "status"),
                    "file_size_limit": file_size_limit, "bug": bug,
-                   "exit_at_once": exit_at_once}
+                   "exit_at_once": exit_at_once, "program": program,
+                   "transfer_guard": transfer_guard}
         self.process.stdin.write(json.dumps(request).encode() + b"\n")
         self.process.stdin.flush()
         answer = json.loads(self.process.stdout.readline())
         if "error" in answer:
-            raise ValueError(f"cannot fork this command line: {answer['error']}")
+            raise Refused(f"cannot fork this command line: {answer['error']}")
         return ForkedRun(answer["pid"], folder)
 
     def close(self) -> None:
@@ -292,29 +345,52 @@ TRAINER = ("-m", "contrastive_jax.main")
 
 
 def popen(command: list[str], env: dict[str, str] | None = None, cwd=None,
-          file_size_limit: int | None = None):
+          file_size_limit: int | None = None, transfer_guard: bool = False):
     """``subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True)`` in ``cwd`` (the
     repository's when None) with ``env`` (tests/xla_environment.py's children's environment
     when None): a :class:`ForkedRun` of this process's :func:`server` when ``command`` is
-    ``[sys.executable, "-m", "contrastive_jax.main", ...]`` and the server can fork it, else a
-    new process. ``file_size_limit``: bytes, as a shell's ``ulimit -f`` (forked runs only)."""
+    ``[sys.executable, ...]`` running ``-m MODULE``, ``-c CODE`` or a script and the server can
+    fork it, else a new process. ``file_size_limit``: bytes, as a shell's ``ulimit -f``;
+    ``transfer_guard``: tests/emulated_transfer_guard.py in the child (forked runs only: a new
+    process gets it from ``emulated_transfer_guard.site_folder`` on its PYTHONPATH)."""
     if env is None:
         from xla_environment import child_environment
 
         env = child_environment()
     command = [str(c) for c in command]
-    if command[:3] == [sys.executable, *TRAINER] and server().refusal(env) is None:
-        return server().start(command[3:], env, cwd, file_size_limit)
-    assert file_size_limit is None, "a file-size limit needs a forked run"
+    program, args = _program(command)
+    if args is not None and server().refusal(env) is None:
+        try:
+            return server().start(args, env, cwd, file_size_limit, program=program,
+                                  transfer_guard=transfer_guard)
+        except Refused:  # a module the server has imported: a new process
+            pass
+    assert file_size_limit is None and not transfer_guard, "it needs a forked run"
     return subprocess.Popen(command, env=env, cwd=cwd or REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
+def _program(command: list[str]) -> tuple[dict | None, list[str] | None]:
+    """``(program, args)`` of a ``python`` command line for :meth:`CommandLineServer.start`
+    (``program`` None: the trainer's command line), or ``(None, None)``: not one the server
+    runs (another interpreter, or Python's own options)."""
+    if not command or command[0] != sys.executable or len(command) < 2:
+        return None, None
+    if command[1] == "-m" and len(command) > 2:
+        module = command[2]
+        return (None if module == TRAINER[1] else {"module": module}), command[3:]
+    if command[1] == "-c" and len(command) > 2:
+        return {"code": command[2]}, command[3:]
+    if command[1].endswith(".py"):
+        return {"script": command[1]}, command[2:]
+    return None, None
+
+
 def run(command: list[str], env: dict[str, str] | None = None, cwd=None,
-        timeout: float = 300, file_size_limit: int | None = None):
+        timeout: float = 300, file_size_limit: int | None = None, transfer_guard: bool = False):
     """``subprocess.run(command, capture_output=True, text=True, timeout=timeout)`` through
     :func:`popen`: a :class:`subprocess.CompletedProcess`; on a timeout the run is killed."""
-    proc = popen(command, env, cwd, file_size_limit)
+    proc = popen(command, env, cwd, file_size_limit, transfer_guard)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:

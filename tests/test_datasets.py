@@ -2,7 +2,6 @@
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -221,9 +220,8 @@ def test_concurrent_prepares_build_once(tmp_path):
     code = ("import sys; from contrastive_jax.training.data.prepare import prepare; "
             "prepare('digits', sys.argv[1])")
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [forked_command_lines.popen([sys.executable, "-c", code, tmp_path], env)
+             for _ in range(2)]  # forked by the server: no start-up of Python each
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert sum(err.count("preparing digits") for _, err in outs) == 1
@@ -232,15 +230,13 @@ def test_concurrent_prepares_build_once(tmp_path):
 
 def test_prepare_command_line(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run([sys.executable, "-m", "contrastive_jax.training.data.prepare", "digits",
-                          f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
-                         timeout=120, cwd=REPO)
+    run = forked_command_lines.run([sys.executable, "-m", "contrastive_jax.training.data.prepare",
+                                    "digits", f"--data_dir={tmp_path}"], env, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "digits:" in run.stdout and "'train': 1437" in run.stdout
     assert "RuntimeWarning" not in run.stderr, run.stderr  # -m imports the command once
-    bad = subprocess.run([sys.executable, "-m", "contrastive_jax.training.data.prepare", "cifar10",
-                          f"--data_dir={tmp_path}"], capture_output=True, text=True, env=env,
-                         timeout=120, cwd=REPO)
+    bad = forked_command_lines.run([sys.executable, "-m", "contrastive_jax.training.data.prepare",
+                                    "cifar10", f"--data_dir={tmp_path}"], env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: 'cifar10' is not one of")
     assert "tfds build" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
     assert set(LOCAL_NAMES) >= {"mnist1d", "digits"}
@@ -345,8 +341,8 @@ def test_corrupted_record_files_are_one_paragraph_naming_the_fix(tmp_path):
     fix = ("python -m contrastive_jax.training.data.prepare mnist1d "
            f"--data_dir={data} --overwrite")
     assert fix in run.stderr
-    subprocess.run(fix.replace("python", sys.executable, 1).split(), check=True,
-                   capture_output=True, env=env, timeout=300, cwd=REPO)
+    fixed = forked_command_lines.run(fix.replace("python", sys.executable, 1).split(), env)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
     # the trainer reads the prepared dataset again (in this process: its exit status is above)
     config = quick(total_steps=6, checkpoint_every=3)
     config.data.data_dir = str(data)

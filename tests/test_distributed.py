@@ -1,12 +1,10 @@
 """Launch settings, and 2 processes x 2 CPU devices on loopback agreeing with one process."""
 
 import json
-import os
 import pathlib
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -24,7 +22,6 @@ from contrastive_jax.training.run.launch.distributed import Launch, join_job, la
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 sys.path.insert(0, str(WORKER.parent))
-import emulated_transfer_guard  # noqa: E402
 import forked_command_lines  # noqa: E402
 import multihost_worker  # noqa: E402
 from xla_environment import child_environment  # noqa: E402
@@ -94,9 +91,8 @@ def _run_two_processes(timeout: float = 240.0) -> list[dict]:
     port = str(_free_port())
     env = child_environment()
     env["JAX_PLATFORMS"] = "cpu"
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [forked_command_lines.popen([sys.executable, WORKER, str(i), port], env)
+             for i in range(2)]  # forked where the server can: no start-up of Python each
     outputs = []
     try:
         for p in procs:
@@ -160,19 +156,18 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     """2 processes x 1 CPU device train together; SIGTERM reaches only process 1. Both must
     agree on the step (through the coordination service's key-value store, no device
     collective: between the log steps every 3 steps each process runs under the emulated
-    device-to-host transfer guard, tests/emulated_transfer_guard.py), save one checkpoint
+    device-to-host transfer guard, tests/emulated_transfer_guard.py, installed in each
+    forked process; a control child shows that it stops a read there), save one checkpoint
     there and exit 0; the run then resumes from it."""
     port = str(_free_port())
     workdir = tmp_path / "run"
-    guard = {"PYTHONPATH": os.pathsep.join(
-        [str(emulated_transfer_guard.site_folder(tmp_path)), os.environ.get("PYTHONPATH", "")])}
 
     def start(i):
         return _cli_process(i, port, [
             "--config=configs/simclr_mnist1d.py:quick", f"--workdir={workdir}",
             "--config.total_steps=400", "--config.checkpoint_every=1000",
             "--config.log_every=3", "--config.evaluation.enabled=False",
-            "--config.transfer_guard=disallow"], guard)
+            "--config.transfer_guard=disallow"], transfer_guard=True)
 
     procs = [start(0), start(1)]
     metrics = workdir / "metrics.jsonl"
@@ -196,6 +191,11 @@ def test_sigterm_to_one_host_stops_both_at_the_same_step(tmp_path):
     assert stopped < 400
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert saved[-1] == stopped
+    # the guard holds in such a child: a read on the host under "disallow" is an error
+    control = forked_command_lines.run([sys.executable, "-c", (
+        "import jax, jax.numpy as jnp\nwith jax.transfer_guard_device_to_host('disallow'):\n"
+        "    float(jnp.ones(()))")], transfer_guard=True)
+    assert control.returncode == 1 and "GuardedRead" in control.stderr, control.stderr[-1500:]
 
 
 LOST_HOST_ARGS = ["--config=configs/simclr_mnist1d.py:quick", "--config.total_steps=24",
@@ -387,17 +387,19 @@ def test_processes_that_never_meet_each_say_so_in_one_line(tmp_path):
 
 
 def _cli_process(i: int, port: str, args: list[str], env_extra: dict[str, str] | None = None,
-                 file_size_limit: int | None = None):
+                 file_size_limit: int | None = None, transfer_guard: bool = False):
     """Process ``i`` of a 2-process ``contrastive_jax.main`` job over loopback (a
     :class:`subprocess.Popen`, or its look-alike forked by tests/forked_command_lines.py's
     server where the environment allows: no second start-up of Python and its imports).
-    ``file_size_limit``: bytes, as a shell's ``ulimit -f``."""
+    ``file_size_limit``: bytes, as a shell's ``ulimit -f``; ``transfer_guard``: under the
+    emulated device-to-host transfer guard (tests/emulated_transfer_guard.py)."""
     env = child_environment()
     env.update(JAX_PLATFORMS="cpu", CONTRASTIVE_JAX_COORDINATOR=f"127.0.0.1:{port}",
                CONTRASTIVE_JAX_NUM_PROCESSES="2", CONTRASTIVE_JAX_PROCESS_ID=str(i))
     env.update(env_extra or {})
     return forked_command_lines.popen([sys.executable, "-m", "contrastive_jax.main", *args],
-                                      env, file_size_limit=file_size_limit)
+                                      env, file_size_limit=file_size_limit,
+                                      transfer_guard=transfer_guard)
 
 
 def _finish_all(procs: list) -> list[tuple[str, str]]:
