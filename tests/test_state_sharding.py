@@ -171,19 +171,23 @@ def test_a_checkpoint_restores_onto_another_mesh_and_sharding(tmp_path):
     assert isinstance(ocp.CheckpointManager, type)
 
 
-def test_trainer_resumes_an_fsdp_run_replicated(tmp_path):
-    """A run trained 3 steps under FSDP and resumed replicated (a sharding change is allowed on
-    resume) ends where one uninterrupted replicated run ends (float32: rounding only). A
-    constant learning rate, so the 3-step run's schedule is the 6-step run's."""
-    config = load_config("simclr_mnist1d.py:quick")
-    config.evaluation.enabled = False
-    config.optimizer.update({"warmup_steps": 0, "end_lr_fraction": 1.0})
-    whole = train.train_and_evaluate(config, str(tmp_path / "whole"))
-    config.total_steps, config.sharding = 3, FSDP
-    train.train_and_evaluate(config, str(tmp_path / "split"))
-    config.total_steps, config.sharding = 6, {"params": "replicated"}
-    resumed = train.train_and_evaluate(config, str(tmp_path / "split"))
-    assert resumed["resumed_from"] == 3
+def test_the_trainer_resumes_a_replicated_run_under_fsdp(tmp_path):
+    """The uninterrupted replicated 6-step SimCLR quick run (tests/trained_workdirs.py, trained
+    once per process) with its step-6 checkpoint removed, resumed from step 3 under FSDP (a
+    sharding change is allowed on resume, not a config change to accept), ends where the
+    uninterrupted run ends (float32: rounding only)."""
+    import json
+    import shutil
+
+    from trained_workdirs import simclr_quick_config, simclr_quick_workdir
+
+    workdir = simclr_quick_workdir(tmp_path / "split")
+    whole = json.loads((workdir / "results.json").read_text())
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    config = simclr_quick_config()
+    config.sharding = FSDP
+    resumed = train.train_and_evaluate(config, str(workdir))
+    assert resumed["resumed_from"] == 3 and resumed["steps"] == 6
     np.testing.assert_allclose(resumed["final_train_metrics"]["loss"],
                                whole["final_train_metrics"]["loss"], rtol=1e-4)
     sharded = NamedSharding(make_mesh({"data": 8}), P("data"))
