@@ -2,9 +2,9 @@
 
 import dataclasses
 import io
-import subprocess
 import sys
 
+import forked_command_lines
 import pytest
 from test_train import REPO, load_config
 
@@ -79,10 +79,10 @@ def test_plan_refuses_a_batch_that_does_not_divide():
 
 def test_plan_command_line_says_what_to_change():
     """The command on a config that cannot be compiled: exit 2, one ``error:`` line."""
-    result = subprocess.run(
+    result = forked_command_lines.run(
         [sys.executable, "-m", "contrastive_jax.plan", "--devices=8",
          f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny",
-         "--config.data.batch_size=12"], capture_output=True, text=True, timeout=300,
+         "--config.data.batch_size=12"], timeout=300,
         cwd=REPO)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -225,10 +225,10 @@ def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
     host must deliver and the host cores an image input takes, and, since it has remat, the
     plan without it (fits) and what the recomputation costs; a status line on stderr."""
     out = tmp_path / "plan.json"
-    result = subprocess.run(
+    result = forked_command_lines.run(
         [sys.executable, "-m", "contrastive_jax.plan", "--slice=v4-16", "--mfu=0.5",
          f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny", f"--json={out}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
     text = result.stdout
     assert "on TPU v4 v4-16 (8 chips on 2 hosts, 32.00 GiB each)" in text
@@ -255,10 +255,9 @@ def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
     ("--gpus=8x8", "gives no memory per GPU"),
 ])
 def test_a_bad_target_exits_2_with_one_line(flag, message):
-    result = subprocess.run(
+    result = forked_command_lines.run(
         [sys.executable, "-m", "contrastive_jax.plan", flag,
-         f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+         f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny"], timeout=300, cwd=REPO)
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
