@@ -34,7 +34,7 @@ import tempfile
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(HERE)
 
 
@@ -157,14 +157,24 @@ def main() -> None:
 START_SETTINGS = ("PYTHONPATH",)  # read by Python's own start
 
 
+def _differences(mine: dict[str, str], env: dict[str, str]) -> str | None:
+    """The settings read at start that differ between a server started with ``mine`` and a
+    child with ``env``, or None. A PYTHONPATH that only names the repository (the folder the
+    server imports the package from) adds nothing to what the server has."""
+    names = {k for k in (*mine, *env) if k.startswith("JAX_") or k in START_SETTINGS}
+    differ = sorted(k for k in names if mine.get(k) != env.get(k) and not (
+        k == "PYTHONPATH" and not mine.get(k) and
+        {os.path.realpath(p) for p in env[k].split(os.pathsep) if p} <= {REPO}))
+    return f"the server started with other {', '.join(differ)}" if differ else None
+
+
 def _refusal(env: dict[str, str], program: dict | None = None) -> str | None:
     """Why a child with ``env`` (running ``program``) cannot be a fork of this interpreter, or
     None: settings read at start that differ, or a module to run that this interpreter has
     imported already (``python -m`` would import it afresh)."""
-    names = {k for k in (*os.environ, *env) if k.startswith("JAX_") or k in START_SETTINGS}
-    differ = sorted(k for k in names if os.environ.get(k) != env.get(k))
+    differ = _differences(dict(os.environ), env)
     if differ:
-        return f"the server started with other {', '.join(differ)}"
+        return differ
     module = (program or {}).get("module")
     if module:
         import importlib.util
@@ -288,9 +298,7 @@ class CommandLineServer:
     def refusal(self, env: dict[str, str]) -> str | None:
         """Why a child with ``env`` cannot be forked by this server (:func:`_refusal`), or
         None."""
-        names = {k for k in (*self.env, *env) if k.startswith("JAX_") or k in START_SETTINGS}
-        differ = sorted(k for k in names if self.env.get(k) != env.get(k))
-        return f"the server started with other {', '.join(differ)}" if differ else None
+        return _differences(self.env, env)
 
     def start(self, args: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
               file_size_limit: int | None = None, bug: str | None = None,

@@ -27,6 +27,7 @@ from contrastive_jax.training.run.progress import read_metrics_lines
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote, workdir_path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import forked_command_lines
 from test_train import load_config
 from xla_environment import child_environment
 
@@ -130,12 +131,11 @@ def test_a_run_on_gs_writes_only_to_the_bucket_and_resumes_from_it(gcs, tmp_path
     cli_cwd.mkdir()
     env = {**child_environment(devices=8),  # as this process
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    resumed = subprocess.run(
+    resumed = forked_command_lines.run(  # forked: no start-up of Python and its imports
         [sys.executable, "-m", "contrastive_jax.main", f"--workdir={workdir}",
          "--config=" + str(Path(__file__).resolve().parents[1] / "configs" /
                            "simclr_mnist1d.py") + ":quick",
-         "--config.evaluation.enabled=False", "--config.log_every=1"],
-        cwd=cli_cwd, env=env, capture_output=True, text=True, timeout=300)
+         "--config.evaluation.enabled=False", "--config.log_every=1"], env, cli_cwd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from step 3: 6 steps of 64 on 8 devices" in resumed.stdout
 
@@ -187,11 +187,10 @@ def test_the_command_line_refuses_an_unreachable_bucket_before_any_work(gcs, tmp
     """A bucket that does not exist: exit 2, one paragraph, no traceback, nothing local."""
     env = child_environment()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    result = subprocess.run(
+    result = forked_command_lines.run(
         [sys.executable, "-m", "contrastive_jax.main", "--workdir=gs://no-such-bucket/run",
          "--config=" + str(Path(__file__).resolve().parents[1] / "configs" /
-                           "simclr_mnist1d.py") + ":quick"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                           "simclr_mnist1d.py") + ":quick"], env, tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.startswith("error: workdir gs://no-such-bucket/run is not writable")
     assert "Traceback" not in result.stderr
