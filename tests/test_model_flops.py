@@ -8,6 +8,8 @@ count of the scanned program (its loop body once) or of the remat'd one would mi
 the progress line's rates follow their formulas exactly.
 """
 
+import json
+
 import jax
 import pytest
 from test_train import load_config
@@ -122,3 +124,110 @@ def test_peaks_by_device_kind():
     assert device_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert device_peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert device_peak_flops(jax.devices()[0].device_kind) is None  # this CPU
+
+
+# ---------------------------------------------------------------------------------------------
+# The count kept beside the compilation cache (run/compilation_cache.ModelFlopsMemo)
+# ---------------------------------------------------------------------------------------------
+
+def small_clip(width: int = 32):
+    """The tiny template at depth 1 (a count of a second or less)."""
+    config = pod_tiny(depth=1, width=width)
+    config.model.embed_dim = width
+    return config
+
+
+def counted(config, mesh, memo, steps: int = 10) -> float | None:
+    """What a :class:`model_flops.Counter` with ``memo`` gives for the first step."""
+    counter = model_flops.Counter(config, mesh, None, steps, memo=memo)
+    counter.start(None, batch_shapes(config))
+    value, _ = counter.result()
+    assert counter.error is None, counter.error
+    return value
+
+
+def test_a_kept_count_is_read_instead_of_counted(tmp_path, monkeypatch):
+    """The first count is XLA's (equal to :func:`model_flops.step_flops`) and is kept in
+    ``<dir>/model_flops/<key>.json``; a second run of the same step reads it (counting would
+    fail here); a damaged file is counted again and rewritten."""
+    from contrastive_jax.training.run.compilation_cache import ModelFlopsMemo
+
+    mesh = make_mesh({"data": 8})
+    config = small_clip()
+    fresh = model_flops.step_flops(config, mesh, batch_shapes(config), 10)
+    memo = ModelFlopsMemo(config, mesh, 10, directory=str(tmp_path))
+    assert counted(config, mesh, memo) == fresh
+    kept = tmp_path / "model_flops" / f"{memo.key(batch_shapes(config))}.json"
+    assert [p.name for p in (tmp_path / "model_flops").iterdir()] == [kept.name]
+
+    real = model_flops.step_flops
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(model_flops, "step_flops", refuse)
+    again = ModelFlopsMemo(small_clip(), mesh, 10, directory=str(tmp_path))
+    assert counted(small_clip(), mesh, again) == fresh  # read, not counted
+
+    kept.write_text('{"model_flops": ')  # damaged (a crash mid-write leaves none: renamed)
+    monkeypatch.setattr(model_flops, "step_flops", real)
+    assert counted(config, mesh, again) == fresh
+    assert float(json.loads(kept.read_text())["model_flops"]) == fresh
+    none = ModelFlopsMemo(config, mesh, 10, directory="")  # no compilation cache: not kept
+    assert none.get(batch_shapes(config)) is None
+    none.put(batch_shapes(config), 1.0)
+    assert [p.name for p in (tmp_path / "model_flops").iterdir()] == [kept.name]
+
+
+def test_the_key_covers_what_the_count_reads(monkeypatch):
+    """Equal for equal inputs and for settings the counting config replaces (the loss's
+    strategy, remat, scan, accumulation: the count is the same); another width, step count,
+    batch, mesh, package version or source digest is another key."""
+    from contrastive_jax.training.run import provenance
+    from contrastive_jax.training.run.compilation_cache import ModelFlopsMemo
+
+    mesh = make_mesh({"data": 8})
+    shapes = batch_shapes(small_clip())
+
+    def key(config=None, steps=10, on=mesh, batch=shapes):
+        return ModelFlopsMemo(config or small_clip(), on, steps, directory="x").key(batch)
+
+    base = key()
+    assert key() == base
+    same = small_clip()
+    same.accumulation_steps, same.model.remat, same.loss.strategy = 2, False, ""
+    same.model.text_encoder.scan = False
+    assert key(same) == base
+    bigger = {k: jax.ShapeDtypeStruct((2 * B, *v.shape[1:]), v.dtype) for k, v in shapes.items()}
+    others = [key(small_clip(width=48)), key(steps=11), key(on=make_mesh({"data": 4}, devices=jax.devices()[:4])),
+              key(batch=bigger)]
+    monkeypatch.setattr(provenance, "source_digest", lambda: "edited")
+    others.append(key())
+    monkeypatch.undo()
+    monkeypatch.setattr(provenance, "version", lambda name: "9.9" if name == "optax" else "1")
+    others.append(key())
+    assert len({base, *others}) == 1 + len(others)
+
+
+def test_a_resumed_run_reads_the_count_its_first_run_kept(tmp_path, monkeypatch):
+    """The trainer keeps its count beside the run's compilation cache (tests/conftest.py's):
+    the shared SimCLR quick run (tests/trained_workdirs.py) without its step-6 checkpoint,
+    resumed from step 3 with counting made to fail, still logs TFLOP/s per chip."""
+    import shutil
+
+    from trained_workdirs import simclr_quick_config, simclr_quick_workdir
+
+    from contrastive_jax.training import train
+
+    workdir = simclr_quick_workdir(tmp_path / "run")
+    shutil.rmtree(workdir / "checkpoints" / "6")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(model_flops, "step_flops", refuse)
+    resumed = train.train_and_evaluate(simclr_quick_config(), str(workdir))
+    assert resumed["resumed_from"] == 3
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    last = [line for line in lines if line["prefix"] == "train"][-1]  # the resumed run's
+    assert last["step"] == 6 and last["model_tflops_per_chip"] > 0, last

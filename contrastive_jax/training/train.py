@@ -55,6 +55,7 @@ from contrastive_jax.training.data.sources import damaged_data_error
 from contrastive_jax.training.evaluation.evaluators import evaluate, summary_line, titles
 from contrastive_jax.training.methods import Method
 from contrastive_jax.training.run import checkpoints, init_from, profiling
+from contrastive_jax.training.run.compilation_cache import ModelFlopsMemo
 from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
 from contrastive_jax.training.run.progress import MetricWindow, Progress, scale_settings
 from contrastive_jax.training.run.provenance import provenance
@@ -283,7 +284,8 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
     every = config.evaluation.every if config.evaluation.enabled else 0
     pending = None
     guard = config.get("transfer_guard", "allow")
-    flops = model_flops.Counter(config, run.mesh, run.method, run.steps)
+    flops = model_flops.Counter(config, run.mesh, run.method, run.steps,
+                                memo=ModelFlopsMemo(config, run.mesh, run.steps))
     with StopSignal(timeout_s=_stop_timeout(config)) as stop, profiling.StepProfiler(
             run.profile, run.workdir, first + 1, progress.message) as profile, \
             jax.transfer_guard_device_to_host(guard):

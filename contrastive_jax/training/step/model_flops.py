@@ -23,7 +23,9 @@ So the count does not depend on those settings (tests/test_model_flops.py: equal
 scanned and remat'd config and its plain form, and a ViT's count within a few per cent of the
 closed form of its matmuls). Per chip, divide by the devices. Counting traces the
 step once more (seconds for a ViT-B/16; a background thread beside the first step's
-compilation, :class:`Counter`, waited for before the timed steps).
+compilation, :class:`Counter`, waited for before the timed steps); the trainer keeps each count
+beside JAX's persistent compilation cache, so a rerun or a resume of the same step reads it
+instead (:class:`contrastive_jax.training.run.compilation_cache.ModelFlopsMemo`).
 
 References:
   [PaLM] Chowdhery et al. 2022, Appendix B; docs/references.md.
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import ml_collections
@@ -122,14 +124,24 @@ def flops_of(lowered_or_compiled) -> float | None:
     return float(value) if value is not None and value >= 0 else None
 
 
+class Memo(Protocol):
+    """Where counts are kept between runs (the trainer's:
+    :class:`contrastive_jax.training.run.compilation_cache.ModelFlopsMemo`)."""
+
+    def get(self, batch_shapes: dict) -> float | None: ...
+
+    def put(self, batch_shapes: dict, flops: float) -> None: ...
+
+
 class Counter:
     """:func:`step_flops` in a background thread, started with the first step (so that it
     runs while that step compiles); :meth:`result` once that step has run, before the timed
-    steps (a count still running would slow them)."""
+    steps (a count still running would slow them). ``memo``: a count kept by an earlier run
+    of the same step is read instead of counted, a new one is kept."""
 
-    def __init__(self, config, mesh: Mesh, method: Any, steps: int):
+    def __init__(self, config, mesh: Mesh, method: Any, steps: int, memo: Memo | None = None):
         del method  # the counting config has its own
-        self.config, self.mesh, self.steps = config, mesh, steps
+        self.config, self.mesh, self.steps, self.memo = config, mesh, steps, memo
         self.enabled = bool(config.get("log_model_flops", True))
         self._thread: threading.Thread | None = None
         self._value: float | None = None
@@ -144,7 +156,13 @@ class Counter:
 
         def count():
             try:
+                kept = self.memo.get(shapes) if self.memo is not None else None
+                if kept is not None:
+                    self._value = kept
+                    return
                 self._value = step_flops(self.config, self.mesh, shapes, self.steps)
+                if self.memo is not None and self._value is not None:
+                    self.memo.put(shapes, self._value)
             except Exception as err:  # never stops the run: the line shows no TFLOP/s
                 self.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
