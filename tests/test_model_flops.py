@@ -199,8 +199,8 @@ def test_the_key_covers_what_the_count_reads(monkeypatch):
     same.model.text_encoder.scan = False
     assert key(same) == base
     bigger = {k: jax.ShapeDtypeStruct((2 * B, *v.shape[1:]), v.dtype) for k, v in shapes.items()}
-    others = [key(small_clip(width=48)), key(steps=11), key(on=make_mesh({"data": 4}, devices=jax.devices()[:4])),
-              key(batch=bigger)]
+    half = make_mesh({"data": 4}, devices=jax.devices()[:4])
+    others = [key(small_clip(width=48)), key(steps=11), key(on=half), key(batch=bigger)]
     monkeypatch.setattr(provenance, "source_digest", lambda: "edited")
     others.append(key())
     monkeypatch.undo()
