@@ -113,6 +113,24 @@ def test_the_rates_are_their_formulas():
     progress.model_flops = None  # not counted: no TFLOP/s either
     assert set(progress.timing(20, 10.0)) == {"step_s", "examples_per_s",
                                               "examples_per_s_per_chip"}
+    assert progress.timing(0, 0.4) == {}  # no step timed: no rates (not a throughput of 0)
+
+
+def test_a_logging_step_that_compiled_shows_no_rates(tmp_path, capsys):
+    """A line at the first step of a run or of a resume (the step that compiled: no step
+    timed) has no s/step, ex/s or TFLOP/s, in the console, TensorBoard and metrics.jsonl;
+    the next line has them."""
+    progress = Progress(tmp_path, total_steps=8, global_batch=16, every=1, start_step=3)
+    progress.set_model_flops(1e9)
+    progress.restart_clock(4)  # step 4 compiled
+    progress.log_train(4, {"loss": 1.0})
+    progress.log_train(5, {"loss": 0.9})
+    progress.close()
+    first, second = capsys.readouterr().out.splitlines()[-2:]
+    assert "ex/s" not in first and "s/step" not in first and first.endswith("ETA ?"), first
+    assert "ex/s" in second and "TFLOP/s/chip" in second, second
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "examples_per_s" not in lines[0] and lines[1]["examples_per_s"] > 0
 
 
 def test_peaks_by_device_kind():

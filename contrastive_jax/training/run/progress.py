@@ -314,12 +314,15 @@ class Progress:
     def timing(self, steps: int, seconds: float) -> dict[str, float]:
         """The rates of ``steps`` steps in ``seconds`` of wall time (the module docstring):
         ``step_s``, ``examples_per_s``, ``examples_per_s_per_chip`` and, with the model
-        FLOPs, ``model_tflops_per_chip`` and (with a known peak) ``mfu``."""
+        FLOPs, ``model_tflops_per_chip`` and (with a known peak) ``mfu``. No steps timed (a
+        logging step that is the compiling first step of a run or of a resume): no rates, rather
+        than a throughput of 0."""
+        if steps <= 0:
+            return {}
         seconds = max(seconds, 1e-9)
-        out = {"step_s": seconds / max(steps, 1),
-               "examples_per_s": steps * self.batch / seconds}
+        out = {"step_s": seconds / steps, "examples_per_s": steps * self.batch / seconds}
         out["examples_per_s_per_chip"] = out["examples_per_s"] / self.chips
-        if self.model_flops is not None and steps > 0:
+        if self.model_flops is not None:
             per_chip = self.model_flops / self.chips / out["step_s"]
             out["model_tflops_per_chip"] = per_chip / 1e12
             if self.peak_flops:
@@ -333,7 +336,7 @@ class Progress:
         self._last_step, self._last_time = step, now
         values = {k: float(np.asarray(v)) for k, v in metrics.items()}
         values.update(timing)
-        rate = timing["examples_per_s"]
+        rate = timing.get("examples_per_s", 0.0)
         eta = (self.total - step) * self.batch / rate if rate > 0 else float("nan")
         if not self.is_writer:
             return
@@ -342,8 +345,9 @@ class Progress:
                   if key in values]
         if values.get("skipped", 0) > 0:  # updates skipped as non-finite so far (the guard)
             parts.append(f"skipped {values['skipped']:.0f}")
-        parts.append(f"{timing['step_s']:.3g} s/step")
-        parts.append(f"{rate:,.0f} ex/s ({timing['examples_per_s_per_chip']:,.0f}/chip)")
+        if timing:
+            parts.append(f"{timing['step_s']:.3g} s/step")
+            parts.append(f"{rate:,.0f} ex/s ({timing['examples_per_s_per_chip']:,.0f}/chip)")
         if "model_tflops_per_chip" in timing:
             parts.append(f"{timing['model_tflops_per_chip']:.3g} TFLOP/s/chip")
             parts.append(f"MFU {100 * timing['mfu']:.1f}%" if "mfu" in timing else "MFU n/a")
