@@ -108,19 +108,16 @@ class ModelFlopsMemo:
         return float(value) if isinstance(value, int | float) and value >= 0 else None
 
     def put(self, batch_shapes: Mapping, flops: float) -> None:
-        """Keep ``flops`` for these batches (written whole: a temporary file, then a rename over
-        any file there);
-        a failure is ignored."""
-        import json
-        import uuid
+        """Keep ``flops`` for these batches (written whole:
+        :func:`~contrastive_jax.training.run.workdir.json_output.write_atomic`, over a damaged
+        file too); a failure is ignored."""
+        from contrastive_jax.training.run.workdir.json_output import write_atomic
 
         if self.directory is None:
             return
         try:
             path = self._path(batch_shapes)
             path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-            temporary.write_text(json.dumps({"model_flops": float(flops)}))
-            temporary.replace(path)  # over a damaged one too
+            write_atomic(path, {"model_flops": float(flops)})
         except Exception:  # a read-only or full cache: the next run counts again
             pass
