@@ -9,6 +9,7 @@ the progress line's rates follow their formulas exactly.
 """
 
 import json
+import pathlib
 
 import jax
 import pytest
@@ -191,10 +192,15 @@ def test_a_kept_count_is_read_instead_of_counted(tmp_path, monkeypatch):
     monkeypatch.setattr(model_flops, "step_flops", real)
     assert counted(config, mesh, again) == fresh
     assert float(json.loads(kept.read_text())["model_flops"]) == fresh
-    none = ModelFlopsMemo(config, mesh, 10, directory="")  # no compilation cache: not kept
-    assert none.get(batch_shapes(config)) is None
-    none.put(batch_shapes(config), 1.0)
-    assert [p.name for p in (tmp_path / "model_flops").iterdir()] == [kept.name]
+    # "" (CONTRASTIVE_JAX_COMPILATION_CACHE=off): nothing kept, not even in JAX's cache dir
+    none = ModelFlopsMemo(config, mesh, 10, directory="")
+    key = none.key(batch_shapes(config))
+    assert none.get(key) is None
+    none.put(key, 1.0)
+    assert none.get(key) is None
+    default = pathlib.Path(jax.config.jax_compilation_cache_dir)  # tests/conftest.py's
+    assert not (default / "model_flops" / f"{key}.json").exists()
+    assert counted(config, mesh, none) == fresh  # counted
 
 
 def test_the_key_covers_what_the_count_reads(monkeypatch):

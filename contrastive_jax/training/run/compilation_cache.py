@@ -90,25 +90,26 @@ class ModelFlopsMemo:
             "source": provenance.source_digest()}
         return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
-    def _path(self, batch_shapes: Mapping):
+    def _path(self, key: str):
         from etils import epath
 
-        return epath.Path(self.directory) / MODEL_FLOPS_FOLDER / f"{self.key(batch_shapes)}.json"
+        return epath.Path(self.directory) / MODEL_FLOPS_FOLDER / f"{key}.json"
 
-    def get(self, batch_shapes: Mapping) -> float | None:
-        """The kept count, or None (no directory, no file, or one that cannot be read)."""
+    def get(self, key: str) -> float | None:
+        """The count kept under ``key`` (:meth:`key`), or None (no directory, no file, or one
+        that cannot be read)."""
         import json
 
         if self.directory is None:
             return None
         try:
-            value = json.loads(self._path(batch_shapes).read_text())["model_flops"]
-        except Exception:  # absent, unreadable or damaged (or no key): counted again
+            value = json.loads(self._path(key).read_text())["model_flops"]
+        except Exception:  # absent, unreadable or damaged: counted again
             return None
         return float(value) if isinstance(value, int | float) and value >= 0 else None
 
-    def put(self, batch_shapes: Mapping, flops: float) -> None:
-        """Keep ``flops`` for these batches (written whole:
+    def put(self, key: str, flops: float) -> None:
+        """Keep ``flops`` under ``key`` (written whole:
         :func:`~contrastive_jax.training.run.workdir.json_output.write_atomic`, over a damaged
         file too); a failure is ignored."""
         from contrastive_jax.training.run.workdir.json_output import write_atomic
@@ -116,7 +117,7 @@ class ModelFlopsMemo:
         if self.directory is None:
             return
         try:
-            path = self._path(batch_shapes)
+            path = self._path(key)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, {"model_flops": float(flops)})
         except Exception:  # a read-only or full cache: the next run counts again

@@ -128,9 +128,11 @@ class Memo(Protocol):
     """Where counts are kept between runs (the trainer's:
     :class:`contrastive_jax.training.run.compilation_cache.ModelFlopsMemo`)."""
 
-    def get(self, batch_shapes: dict) -> float | None: ...
+    def key(self, batch_shapes: dict) -> str: ...
 
-    def put(self, batch_shapes: dict, flops: float) -> None: ...
+    def get(self, key: str) -> float | None: ...
+
+    def put(self, key: str, flops: float) -> None: ...
 
 
 class Counter:
@@ -156,13 +158,14 @@ class Counter:
 
         def count():
             try:
-                kept = self.memo.get(shapes) if self.memo is not None else None
+                key = self.memo.key(shapes) if self.memo is not None else None
+                kept = self.memo.get(key) if key is not None else None
                 if kept is not None:
                     self._value = kept
                     return
                 self._value = step_flops(self.config, self.mesh, shapes, self.steps)
-                if self.memo is not None and self._value is not None:
-                    self.memo.put(shapes, self._value)
+                if key is not None and self._value is not None:
+                    self.memo.put(key, self._value)
             except Exception as err:  # never stops the run: the line shows no TFLOP/s
                 self.error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
 
