@@ -142,6 +142,7 @@ def test_a_checkpoint_changed_after_its_save_is_detected_by_its_checksums(tmp_pa
     import orbax.checkpoint as ocp
 
     from contrastive_jax.training.run import checkpoints
+    from contrastive_jax.training.run.state_checksums import state_checksums
 
     simclr_quick_workdir(tmp_path)  # trained once per process, copied
     config = quick(total_steps=12, checkpoint_every=3)
@@ -149,7 +150,7 @@ def test_a_checkpoint_changed_after_its_save_is_detected_by_its_checksums(tmp_pa
     manager = checkpoints.manager(tmp_path, every=1, keep=5)
     state, step = checkpoints.restore_latest(manager, state, run.stream)
     assert step == 6
-    recorded = jax.device_get(checkpoints.state_checksums(state)).tolist()
+    recorded = jax.device_get(state_checksums(state)).tolist()
     leaves, treedef = jax.tree.flatten(state.params)
     flipped = np.array(leaves[0])
     flipped.view(np.uint32).flat[0] ^= 1  # the lowest mantissa bit: finite, nearly equal
@@ -175,7 +176,7 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.run.checkpoints import state_checksums
+    from contrastive_jax.training.run.state_checksums import state_checksums
 
     rng = np.random.default_rng(0)
     tree = {"w": rng.standard_normal((16, 6)).astype(np.float32),
@@ -233,7 +234,7 @@ def test_the_checksums_of_an_fsdp_state_need_no_more_than_its_largest_shard():
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.run.checkpoints import state_checksums
+    from contrastive_jax.training.run.state_checksums import state_checksums
 
     mesh = make_mesh({"data": 8})
     sharding = NamedSharding(mesh, P(None, "data"))
