@@ -467,3 +467,28 @@ def test_not_a_clip_is_said_before_asking_for_the_activation(tmp_path, extra, na
     save_file({k: np.asarray(v, np.float32) for k, v in tensors.items()}, path)
     with pytest.raises(ConfigError, match=named):
         clip_import.convert_checkpoint(path)
+
+
+def test_model_leaves_are_the_built_models_shapes_kept_per_block_and_handed_out_as_copies():
+    """``open_clip_tensors.model_leaves`` answers a block it has seen from what it kept: the
+    shapes of the model the block builds, in either layout, never a dict a caller changed."""
+    from contrastive_jax.training.models.converters import open_clip_tensors
+
+    def model(scan: bool, depth: int = 2) -> dict:
+        tower = {"width": 16, "depth": depth, "heads": 2, "features": 16, "scan": scan}
+        return {"name": "dual_encoder", "embed_dim": 8,
+                "sample_encoder": {"name": "vit", "image_size": 8, "patch": 4,
+                                   "in_channels": 3, **tower},
+                "text_encoder": {"name": "text_transformer", "vocab_size": 24,
+                                 "max_tokens": 6, **tower}}
+
+    for scan in (True, False):
+        built = nnx.state(build_model(model(scan), nnx.Rngs(1)), nnx.Param)
+        want = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(v.shape)
+                for path, v in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(built))}
+        first = open_clip_tensors.model_leaves(model(scan))
+        assert first == want and len(want) > 20
+        first.clear()  # a caller's change is its own
+        assert open_clip_tensors.model_leaves(dict(reversed(model(scan).items()))) == want
+    deeper = open_clip_tensors.model_leaves(model(True, depth=3))
+    assert deeper["text_encoder/blocks/fc1/kernel"] == (3, 16, 64)  # the layer axis first
