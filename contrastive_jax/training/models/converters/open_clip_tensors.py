@@ -34,8 +34,8 @@ heads that way); the attention's output projection ``(width, width)`` is Flax's
 
 from __future__ import annotations
 
-import collections
 import dataclasses
+import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -469,34 +469,25 @@ def state_dict_from_params(model_block: Mapping[str, Any],
     return out
 
 
-# model_leaves' answers by model block (its JSON): the shapes depend on nothing else, and an
-# import or export asks for the same model's several times (the layout, then the check)
-_LEAVES_BY_BLOCK: collections.OrderedDict[str, dict[str, tuple[int, ...]]] = \
-    collections.OrderedDict()
-_LEAVES_KEPT = 16
-
-
 def model_leaves(model_block: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """``{"a/0/b": shape}`` of the parameters of the model ``model_block`` builds (abstractly,
-    nothing is initialised), in its layout of the Transformer blocks (scanned by default).
-    The answers for the last few blocks are kept (building even an abstract model traces
-    every initialiser)."""
+    nothing is initialised), in its layout of the Transformer blocks (scanned by default)."""
     block = {k: v for k, v in architecture_block(model_block).items() if k != "attention"}
-    key = json.dumps(block, sort_keys=True, default=repr)
-    if key in _LEAVES_BY_BLOCK:
-        _LEAVES_BY_BLOCK.move_to_end(key)
-        return dict(_LEAVES_BY_BLOCK[key])
+    return dict(_leaves_of(json.dumps(block, sort_keys=True)))
+
+
+@functools.lru_cache(maxsize=16)
+def _leaves_of(block_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """:func:`model_leaves` of one block (its JSON), kept: an import or export asks for the
+    same model's several times, and even an abstract build traces every initialiser."""
     from flax import nnx
 
     from contrastive_jax.training.models import build_model
 
+    block = json.loads(block_json)
     model = nnx.eval_shape(lambda: build_model(block, nnx.Rngs(0)))  # (any kernel: the shapes)
-    leaves = {k: tuple(v.shape) for k, v in
-              leaves_by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
-    _LEAVES_BY_BLOCK[key] = leaves
-    if len(_LEAVES_BY_BLOCK) > _LEAVES_KEPT:
-        _LEAVES_BY_BLOCK.popitem(last=False)
-    return dict(leaves)
+    return tuple((k, tuple(v.shape)) for k, v in
+                 leaves_by_path(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items())
 
 
 def in_model_layout(model_block: Mapping[str, Any], params: Mapping[str, Any]) -> dict:
