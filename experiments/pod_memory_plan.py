@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from common.reporting import RESULTS, ROOT, command, markdown_table, parser, report
-from contrastive_jax.plan_search import paste
+from contrastive_jax.plan.search import paste
 
 # (name, --config overrides), each adding to the one before, then the template as shipped
 SETTINGS = [

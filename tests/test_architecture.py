@@ -28,7 +28,7 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("contrastive_jax", 1), ("contrastive_jax.losses", 1),
     ("contrastive_jax.analytic", 2),
     ("contrastive_jax.training", 3), ("contrastive_jax.command_line", 3),
-    ("contrastive_jax.main", 4), ("contrastive_jax.plan", 4), ("contrastive_jax.plan_search", 4),
+    ("contrastive_jax.main", 4), ("contrastive_jax.plan", 4),
     ("contrastive_jax.demo", 4), ("contrastive_jax.pretrained", 4),
     ("contrastive_jax.clip_export", 4), ("contrastive_jax.evaluate", 4),
 ]

@@ -23,7 +23,7 @@ from contrastive_jax.plan import (
     report,
     target_report,
 )
-from contrastive_jax.plan_search import divisors, find_fit, paste, with_overrides
+from contrastive_jax.plan.search import divisors, find_fit, paste, with_overrides
 
 
 def block_params(w: int, r: int) -> int:
@@ -277,7 +277,7 @@ def test_the_host_core_rate_is_the_measured_one():
 
 
 def test_plan_help_exits_0_with_its_flags_and_the_configs(capsys):
-    from contrastive_jax import plan as plan_command
+    from contrastive_jax.plan import command as plan_command
 
     with pytest.raises(SystemExit) as stop:
         plan_command.main(["--help"])

@@ -1,8 +1,9 @@
 """The plan's search for a config that fits: the smallest ``accumulation_steps``, then FSDP, then
-remat, each candidate compiled (:func:`find_fit`); used by :mod:`contrastive_jax.plan`.
+remat, each candidate compiled (:func:`find_fit`); used by :mod:`contrastive_jax.plan.command`.
 
 A plan here is anything with ``total``, ``temporaries`` (bytes per device),
-``accumulation_steps``, ``global_batch`` and ``devices``, as :class:`contrastive_jax.plan.Plan`.
+``accumulation_steps``, ``global_batch`` and ``devices``, as
+:class:`contrastive_jax.plan.step_plan.Plan`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-Plan = Any  # contrastive_jax.plan.Plan (not imported: the plan imports this module)
+Plan = Any  # contrastive_jax.plan.step_plan.Plan (duck-typed: tests pass a model of it)
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ def find_fit(config, mesh, budget: int, planned: Plan,
     smallest divisor that fits (down while the one below fits, up while it does not): usually
     two compiles. With FSDP or remat added there is no plan to predict from, and the search
     bisects. ``compile_plan(config, mesh)`` compiles one candidate's plan
-    (:func:`contrastive_jax.plan.plan`; tests pass a model).
+    (:func:`contrastive_jax.plan.step_plan.plan`; tests pass a model).
     """
     per_device = planned.global_batch // planned.devices
     tried: list[tuple[dict[str, object], Plan]] = []

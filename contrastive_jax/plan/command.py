@@ -1,0 +1,184 @@
+"""Memory and speed plan before launch: will this config fit on that pod, and how fast?
+
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --slice=v4-256
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --gpus=4x8:h100
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --devices=128
+
+turns the target into chips, hosts and memory per chip (:mod:`contrastive_jax.accelerators`:
+TPU v4 and v5p slice names count TensorCores, ``v4-256`` is 128 chips), compiles the config's
+train step ahead of time on that many fake CPU devices, with abstract inputs (no parameter is
+initialised, no data is read), and prints what one chip holds: parameters, optimiser state, the
+other state (BatchNorm statistics, MoCo's queue), the batch, and the compiled step's
+temporaries; whether that fits with at least 10% headroom; the step's FLOPs per chip, its time at
+a stated model-FLOPs utilisation (``--mfu``), the examples per second each host must deliver and
+the host CPU cores that takes for an image-text input. On a GPU target the usable memory is the
+fraction JAX preallocates (75% unless ``XLA_CLIENT_MEM_FRACTION`` says otherwise).
+
+When the config does not fit, the plan searches: it compiles candidates to find the smallest
+``accumulation_steps`` that fits (the divisors of the per-chip batch, starting from the one the
+first plan predicts: usually two compiles), then,
+if even one example per micro-batch does not fit, the same with FSDP and with remat, and prints
+the ``--config...`` overrides to paste. A status line on stderr says what is compiling and for
+how long (a compile of the pod template for 128 chips takes about 40 s on 2 cores).
+
+The state bytes follow exactly from the shapes and ``config.sharding``
+(:mod:`contrastive_jax.training.step.state_sharding`); the temporaries are XLA:CPU's for the same
+partitioned program, an approximation of the accelerator's (the TPU and GPU compilers fuse,
+lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
+The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
+which keeps rematerialisation as the accelerators do (XLA:CPU would otherwise undo it).
+The speed section's FLOPs are the step's model FLOPs per chip: XLA's count of the step without
+remat, accumulation, scanned layers or tiled losses
+(:mod:`contrastive_jax.training.step.model_flops`; the compiled program counts a scanned
+tower's loop body once), divided by the chips, and the step time is those at the stated
+model-FLOPs utilisation. Planned for a target, a config with remat is also compiled without
+it: the plan says whether the step fits without remat and what the recomputation costs (the
+FLOPs of the step with it, counted the same way), so that remat stays on only where it is
+needed.
+
+Exit status 2 with one line ``error: ...`` for a config that cannot be compiled (a batch that
+does not divide over the devices, an unknown setting), an unknown slice name, a GPU spec
+without memory, or a batch that no candidate fits, as the trainer would say at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+
+from absl import flags, logging
+
+from contrastive_jax.accelerators import Target, gpu_cluster, tpu_slice
+from contrastive_jax.errors import ConfigError
+from contrastive_jax.plan.report import (
+    Speed,
+    per_chip_flops,
+    remat_check,
+    report,
+    target_report,
+    uses_remat,
+)
+from contrastive_jax.plan.search import find_fit, with_overrides
+from contrastive_jax.plan.step_plan import (
+    CHIPS,
+    DEFAULT_MFU,
+    HEADROOM,
+    Plan,
+    example_shapes,
+    plan,
+    planned,
+)
+
+_DEVICES = flags.DEFINE_integer("devices", None, "Fake CPU devices to plan for (the pod's "
+                                "chips), compared with every chip of CHIPS; default 8.")
+_SLICE = flags.DEFINE_string("slice", "", "A TPU slice to plan for: v4-256 (v4 and v5p names "
+                             "count TensorCores, 2 per chip), v5litepod-64 or v5e-64, v6e-256.")
+_GPUS = flags.DEFINE_string("gpus", "", "A GPU cluster to plan for: NODESxGPUS:MEMORY, e.g. "
+                            "4x8:80GiB, or NODESxGPUS:NAME (a100-40, a100-80, h100).")
+_MFU = flags.DEFINE_float("mfu", DEFAULT_MFU, "Model-FLOPs utilisation the step time is stated "
+                          "at (a fraction of the chip's peak bf16 FLOP/s).")
+_SEARCH = flags.DEFINE_bool("search", True, "When the config does not fit the target, compile "
+                            "candidates to find the smallest accumulation_steps that fits.")
+_JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device) to this JSON file.")
+_CHIPS = flags.DEFINE_list("chips", [], f"Chips to compare with (default: {', '.join(CHIPS)}).")
+
+
+def target_from_flags() -> Target | None:
+    """The ``--slice`` or ``--gpus`` target (at most one), checked against ``--devices``."""
+    if _SLICE.value and _GPUS.value:
+        raise ConfigError("give --slice or --gpus, not both")
+    target = (tpu_slice(_SLICE.value) if _SLICE.value else
+              gpu_cluster(_GPUS.value) if _GPUS.value else None)
+    if target is not None and _DEVICES.value is not None and _DEVICES.value != target.chips:
+        raise ConfigError(f"--devices={_DEVICES.value} but {target.name} has {target.chips} "
+                          "chips; drop --devices")
+    if not 0 < _MFU.value <= 1:
+        raise ConfigError(f"--mfu must be a fraction in (0, 1]; got {_MFU.value}")
+    return target
+
+
+def _plan(argv: Sequence[str]) -> None:
+    """Plan ``--config`` for ``--slice``/``--gpus`` (or on ``--devices`` fake CPU devices) and
+    print the tables."""
+    import jax
+
+    target = target_from_flags()
+    devices = target.chips if target is not None else (_DEVICES.value or 8)
+    if devices < 1:
+        raise ConfigError(f"--devices must be >= 1; got {devices}")
+    if not flags.FLAGS["verbosity"].present:  # optax and orbax log at INFO
+        logging.set_verbosity(logging.WARNING)
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", devices)
+    from contrastive_jax.main import load_config
+    from contrastive_jax.mesh import make_mesh
+
+    config = load_config()
+    chips = {c: CHIPS[c] for c in _CHIPS.value if c in CHIPS} if _CHIPS.value else CHIPS
+    unknown = [c for c in _CHIPS.value if c not in CHIPS]
+    if unknown:
+        raise ConfigError(f"unknown chips {unknown}; known: {sorted(CHIPS)}")
+    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    name = flags.FLAGS["config"].serialize().partition("=")[2]
+    result = plan(planned(config, mesh), status=sys.stderr)
+    record = {**dataclasses.asdict(result), "total": result.total}
+    if target is None:
+        print(report(result, name, chips))
+        record["fits"] = {chip: result.fits(size) for chip, size in chips.items()}
+    else:
+        record.update(target_plan(config, mesh, result, name, target, _MFU.value,
+                                  _SEARCH.value))
+    if _JSON.value:
+        from contrastive_jax.training.run.provenance import provenance
+        from contrastive_jax.training.run.workdir import json_output
+
+        json_output.write_atomic(_JSON.value, {**record, "provenance": provenance()})
+    if target is not None and record["fits_target"] is False and _SEARCH.value and \
+            record["search"]["answer"] is None:
+        raise ConfigError(f"{name} does not fit {target.name} even with one example per "
+                          "micro-batch, FSDP and remat; use a larger slice (more chips) or a "
+                          "smaller data.batch_size")
+
+
+def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: float,
+                search: bool) -> dict:
+    """Print the plan against ``target`` (searching for a fit when it does not fit and
+    ``search``); the JSON record's target fields."""
+    budget = HEADROOM * target.usable
+    fits = result.total <= budget
+    found = find_fit(config, mesh, budget, result,
+                     lambda c, m: plan(planned(c, m), status=sys.stderr)) \
+        if not fits and search else None
+    final = (found.answer if found is not None and found.answer is not None else {})
+    chosen = with_overrides(config, final) if final else config
+    flops = per_chip_flops(chosen, mesh)
+    images = any(len(shape) == 3 for shape, _ in example_shapes(config).values())
+    speed = Speed.of(result, flops, target, mfu, images) if flops else None
+    remat = remat_check(chosen, mesh, budget) if uses_remat(chosen) else None
+    print(target_report(result, name, target, found, speed, remat))
+    return {"target": dataclasses.asdict(target), "usable_bytes": target.usable,
+            "fits_target": fits,
+            "remat": None if remat is None else dataclasses.asdict(remat),
+            "search": None if found is None else {
+                "tried": [{"overrides": o, "total": r.total, "temporaries": r.temporaries}
+                          for o, r in found.tried],
+                "answer": found.answer},
+            "speed": None if speed is None else dataclasses.asdict(speed)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line (``argv``: its arguments, ``sys.argv[1:]`` when None) through
+    :func:`contrastive_jax.command_line.run_command`: help with the config files, ``--jax_*`` flags,
+    the project's errors as ``error: ...`` and exit status 2."""
+    from contrastive_jax import command_line
+    from contrastive_jax.main import parse_trainer_flags  # defines --config
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    names = ("config", *(f.name for f in (_DEVICES, _SLICE, _GPUS, _MFU, _SEARCH, _JSON,
+                                          _CHIPS)))
+    sys.exit(command_line.run_command(command_line.Command(
+        program="python -m contrastive_jax.plan", doc=__doc__, flag_names=names,
+        required=("config",), parse=parse_trainer_flags, configs=True), _plan, argv))
+

@@ -1,0 +1,208 @@
+"""What the plan prints: the bytes-per-device table, the verdict against chips or one target,
+the search's candidates, the speed at a stated model-FLOPs utilisation, and, for a config with
+remat, the same step planned without it (:func:`remat_check`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+
+from contrastive_jax.accelerators import GiB, Target
+from contrastive_jax.plan.search import Search, paste, with_overrides
+from contrastive_jax.plan.step_plan import (
+    CHIPS,
+    HEADROOM,
+    IMAGES_PER_CORE_SECOND,
+    Plan,
+    example_shapes,
+    plan,
+    planned,
+)
+
+
+def _size(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.2f} MiB"
+
+
+def memory_lines(p: Plan) -> list[str]:
+    """The bytes-per-device table."""
+    def gib(n: int) -> str:
+        return f"{n / GiB:8.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:8.2f} MiB"
+
+    return ["per device                     ",
+            f"  parameters                   {gib(p.params)}",
+            f"  optimiser state              {gib(p.opt_state)}",
+            f"  other state (BN, queue, ...) {gib(p.other_state)}",
+            f"  batch                        {gib(p.batch)}",
+            f"  step temporaries (XLA:CPU)   {gib(p.temporaries)}",
+            f"  total (inputs + new outputs + temporaries) {gib(p.total).strip()}"]
+
+
+def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
+    """The plan's first line: the config, where it runs, the batch and the compile time."""
+    per_device = p.global_batch // p.devices
+    micro = (f", {p.accumulation_steps} micro-batches of {per_device // p.accumulation_steps}"
+             if p.accumulation_steps > 1 else "")
+    where = f"{p.devices} devices"
+    if target is not None:
+        where = (f"{target.kind} {target.name} ({target.chips} chips on {target.hosts} "
+                 f"host{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)"
+                 if target.kind.startswith("TPU") else
+                 f"{target.chips} GPUs ({target.kind}, {target.hosts} node"
+                 f"{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)")
+    return (f"memory plan: {config_name} on {where}, global batch {p.global_batch} "
+            f"({per_device} per device{micro}); compiled in {p.compile_s:.0f} s on CPU")
+
+
+def report(p: Plan, config_name: str, chips: Mapping[str, int] = CHIPS) -> str:
+    """The plan as a table: bytes per device, and which chips it fits (at most
+    :data:`HEADROOM` of their memory)."""
+    lines = [headline(p, config_name), "", *memory_lines(p), ""]
+    for chip, size in chips.items():
+        verdict = "fits" if p.fits(size) else "does NOT fit"
+        lines.append(f"  {chip:10s} {size / GiB:5.0f} GiB: {verdict} "
+                     f"({100 * p.total / size:.0f}% of its memory)")
+    lines.append("")
+    lines.append(_CAVEAT)
+    return "\n".join(lines)
+
+
+_CAVEAT = ("The temporaries are XLA:CPU's compile of the same partitioned step: the TPU/GPU "
+           "compilers fuse and lay out differently, so treat them as an estimate and keep "
+           f"headroom (a chip 'fits' at <= {HEADROOM:.0%} of its memory).")
+
+
+@dataclasses.dataclass
+class Speed:
+    """The step's time and input rate on a target at a stated model-FLOPs utilisation."""
+
+    flops_per_chip: float
+    mfu: float
+    step_s: float | None  # None when the target's peak is unknown
+    examples_per_s_per_host: float | None
+    host_cores: float | None  # for an image input, at IMAGES_PER_CORE_SECOND
+
+    @classmethod
+    def of(cls, p: Plan, flops: float, target: Target, mfu: float, images: bool) -> Speed:
+        if target.peak_flops is None:
+            return cls(flops, mfu, None, None, None)
+        step_s = flops / (mfu * target.peak_flops)
+        per_host = p.global_batch / step_s / target.hosts
+        return cls(flops, mfu, step_s, per_host,
+                   per_host / IMAGES_PER_CORE_SECOND if images else None)
+
+
+def uses_remat(config) -> bool:
+    """Whether any tower of ``config`` is rematerialised (``model.remat``: True, a policy, or
+    one entry per tower)."""
+    remat = config.model.get("remat", False)
+    if hasattr(remat, "values"):
+        return any(v is not False for v in remat.values())
+    return remat is not False
+
+
+def per_chip_flops(config, mesh, keep_remat: bool = False) -> float | None:
+    """The model FLOPs of one step per chip (``keep_remat``: with the recomputation)."""
+    import jax
+
+    from contrastive_jax.training.step.model_flops import step_flops
+
+    shapes = {k: jax.ShapeDtypeStruct((config.data.batch_size, *shape), dtype)
+              for k, (shape, dtype) in example_shapes(config).items()}
+    total = step_flops(config, mesh, shapes, int(config.get("total_steps") or 1000),
+                       keep_remat=keep_remat)
+    return None if total is None else total / mesh.devices.size
+
+
+@dataclasses.dataclass
+class RematCheck:
+    """A config with remat, planned without it: whether it fits, and what remat costs."""
+
+    total_without: int  # bytes per chip of the step without remat
+    fits_without: bool
+    model_flops_per_chip: float | None
+    flops_with_remat_per_chip: float | None  # the step as the chips execute it
+
+    @property
+    def extra(self) -> float | None:
+        """The recomputation as a fraction of the model FLOPs."""
+        if not self.model_flops_per_chip or self.flops_with_remat_per_chip is None:
+            return None
+        return self.flops_with_remat_per_chip / self.model_flops_per_chip - 1
+
+
+def remat_check(config, mesh, budget: float) -> RematCheck:
+    """Compile ``config`` without remat and count its FLOPs with and without it."""
+    without = plan(planned(with_overrides(config, {"model.remat": False}), mesh),
+                   status=sys.stderr)
+    return RematCheck(without.total, without.total <= budget, per_chip_flops(config, mesh),
+                      per_chip_flops(config, mesh, keep_remat=True))
+
+
+def remat_lines(check: RematCheck, usable: int) -> list[str]:
+    """What the plan without remat says: the bytes, the verdict, the FLOPs remat costs."""
+    verdict = ("it fits without remat too: drop it to save the recomputation "
+               "(--config.model.remat=False)" if check.fits_without else
+               "it does not fit without remat: keep it")
+    lines = ["", "remat (model.remat):",
+             f"  without remat the step needs {_size(check.total_without)} per chip "
+             f"({100 * check.total_without / usable:.0f}% of the usable memory): {verdict}"]
+    if check.extra is not None:
+        lines.append(f"  remat's recomputation: {check.flops_with_remat_per_chip / 1e12:.2f} "
+                     f"TFLOP per chip per step against the model's "
+                     f"{check.model_flops_per_chip / 1e12:.2f} (+{100 * check.extra:.0f}%)")
+    return lines
+
+
+def target_report(p: Plan, config_name: str, target: Target, search: Search | None,
+                  speed: Speed | None, remat: RematCheck | None = None) -> str:
+    """The plan against one target: the bytes, the verdict (with the search when it did not
+    fit), and the speed at the stated utilisation."""
+    budget = HEADROOM * target.usable
+    lines = [headline(p, config_name, target), "", *memory_lines(p), ""]
+    usable = (f"{_size(target.usable)} usable = {target.usable_fraction:.0%} of "
+              f"{_size(target.memory)} (JAX's GPU preallocation; XLA_CLIENT_MEM_FRACTION)"
+              if target.usable_fraction < 1 else _size(target.memory))
+    fits = p.total <= budget
+    lines.append(f"  {'fits' if fits else 'does NOT fit'}: {_size(p.total)} of {usable} "
+                 f"({100 * p.total / target.usable:.0f}%; the plan asks <= {HEADROOM:.0%})")
+    if target.usable_fraction < 1 and not fits and p.total <= HEADROOM * target.memory:
+        lines.append(f"  it would fit with XLA_CLIENT_MEM_FRACTION=.95 "
+                     f"({100 * p.total / target.memory:.0f}% of the whole memory)")
+    if search is not None:
+        lines += ["", "search (each candidate compiled):"]
+        for overrides, result in search.tried:
+            ok = result.total <= budget
+            lines.append(f"  {paste(overrides):72s} {_size(result.total):>10s} "
+                         f"{'fits' if ok else 'does not fit'}")
+        if search.answer is not None:
+            needs = [name for key, name in (("sharding.params", "FSDP"), ("model.remat", "remat"))
+                     if key in search.answer]
+            lines += ["", f"smallest that fits: accumulation_steps="
+                          f"{search.answer['accumulation_steps']}"
+                          + (f" (needs {' and '.join(needs)})" if needs else "")
+                          + "; add to the command:",
+                      f"  {paste(search.answer)}"]
+    if speed is not None:
+        lines += ["", f"speed at {speed.mfu:.0%} model-FLOPs utilisation (--mfu):",
+                  f"  FLOPs per chip per step    {speed.flops_per_chip / 1e12:.2f} TFLOP "
+                  "(model FLOPs: XLA's count of the step without remat, accumulation or "
+                  "scanned layers)"]
+        if speed.step_s is None:
+            lines.append("  step time: unknown peak FLOP/s for this GPU (name it, e.g. "
+                         "4x8:h100)")
+        else:
+            lines.append(f"  step time                  {speed.step_s:.3f} s at "
+                         f"{speed.mfu:.0%} of {target.peak_flops / 1e12:.0f} TFLOP/s")
+            lines.append(f"  examples/s                 {p.global_batch / speed.step_s:,.0f} "
+                         f"in all, {speed.examples_per_s_per_host:,.0f} per host")
+            if speed.host_cores is not None:
+                lines.append(f"  host CPU cores for input   {math.ceil(speed.host_cores)} "
+                             f"per host (at {IMAGES_PER_CORE_SECOND} images per core-second: "
+                             "experiments/results/image_input_bench.md)")
+    if remat is not None:
+        lines += remat_lines(remat, target.usable)
+    lines += ["", _CAVEAT]
+    return "\n".join(lines)
