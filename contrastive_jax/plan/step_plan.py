@@ -145,27 +145,18 @@ def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
     from contrastive_jax.mesh import DATA_AXIS
     from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
     from contrastive_jax.training.step.model_flops import flops_of
-    from contrastive_jax.training.step.state_sharding import bytes_per_device, state_shardings
-    from contrastive_jax.training.step.train_state import create_state
+    from contrastive_jax.training.step.state_sharding import bytes_per_device
+    from contrastive_jax.training.step.train_state import abstract_state
     from contrastive_jax.training.step.train_step import compiled_step
 
     config, mesh, method, steps = spec.config, spec.mesh, spec.method, spec.steps
     accumulation = spec.accumulation_steps
-    built = {}
-
-    def build():
-        built["graphdef"], state, built["tx"] = create_state(config, steps, method)
-        return state
-
-    abstract = jax.eval_shape(build)
-    shardings = state_shardings(config.get("sharding"), mesh, abstract)
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         abstract, shardings)
+    graphdef, state, tx, shardings = abstract_state(config, steps, method, mesh)
     rows = config.data.batch_size
     batch_sharding = NamedSharding(mesh, P(DATA_AXIS))
     batch = {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=batch_sharding)
              for k, (shape, dtype) in example_shapes(config).items()}
-    step = compiled_step(config, mesh, built["graphdef"], state, built["tx"], steps, method)
+    step = compiled_step(config, mesh, graphdef, state, tx, steps, method)
     what = (f"the train step for {mesh.devices.size} devices (accumulation_steps="
             f"{accumulation}{', remat' if config.model.get('remat') else ''}, "
             f"{(config.get('sharding') or {}).get('params', 'replicated')} parameters)")

@@ -84,8 +84,7 @@ def step_flops(config, mesh: Mesh, batch_shapes: dict[str, jax.ShapeDtypeStruct]
     the chips execute). ``as_model=False``: XLA's count of the config's own step as it runs
     (loop bodies once, remat's recomputation in)."""
     from contrastive_jax.training.methods import method_for
-    from contrastive_jax.training.step.state_sharding import state_shardings
-    from contrastive_jax.training.step.train_state import create_state
+    from contrastive_jax.training.step.train_state import abstract_state
     from contrastive_jax.training.step.train_step import compiled_step
 
     counted = counting_config(config, keep_remat=keep_remat) if as_model else config
@@ -94,20 +93,11 @@ def step_flops(config, mesh: Mesh, batch_shapes: dict[str, jax.ShapeDtypeStruct]
     except Exception:  # a loss without the dense impl: count the config's own loss
         counted = config
         method = method_for(counted)
-    built = {}
-
-    def build():
-        built["graphdef"], state, built["tx"] = create_state(counted, steps, method)
-        return state
-
-    abstract = jax.eval_shape(build)
-    shardings = state_shardings(counted.get("sharding"), mesh, abstract)
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         abstract, shardings)
+    graphdef, state, tx, _ = abstract_state(counted, steps, method, mesh)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype,
                                      sharding=NamedSharding(mesh, P(DATA_AXIS)))
              for k, v in batch_shapes.items()}
-    step = compiled_step(counted, mesh, built["graphdef"], state, built["tx"], steps, method)
+    step = compiled_step(counted, mesh, graphdef, state, tx, steps, method)
     return flops_of(step.lower(state, batch))
 
 

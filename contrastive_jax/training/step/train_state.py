@@ -24,6 +24,7 @@ from contrastive_jax.training.methods import Method
 from contrastive_jax.training.models import architecture_block, build_model
 from contrastive_jax.training.models.locked_towers import check_frozen, frozen_names
 from contrastive_jax.training.step.optimizers import build_optimizer
+from contrastive_jax.training.step.state_sharding import state_shardings
 
 
 @struct.dataclass
@@ -61,6 +62,26 @@ def create_state(config, steps: int, method: Method
                        skipped_in_a_row=zero(),
                        extra=method.init_extra(model, params, rest, config))
     return graphdef, state, tx
+
+
+def abstract_state(config, steps: int, method: Method, mesh: Mesh
+                   ) -> tuple[nnx.GraphDef, TrainState, optax.GradientTransformation, TrainState]:
+    """``(graphdef, state, optimiser, shardings)``: the state :func:`create_state` makes, as
+    ``jax.ShapeDtypeStruct`` leaves (nothing is initialised: ``jax.eval_shape``) placed by
+    ``config.sharding`` on ``mesh``
+    (:func:`~contrastive_jax.training.step.state_sharding.state_shardings`): what a step is
+    compiled ahead of time for (the plan, the model-FLOPs count)."""
+    built = {}
+
+    def build():
+        built["graphdef"], state, built["tx"] = create_state(config, steps, method)
+        return state
+
+    abstract = jax.eval_shape(build)
+    shardings = state_shardings(config.get("sharding"), mesh, abstract)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                         abstract, shardings)
+    return built["graphdef"], state, built["tx"], shardings
 
 
 @jax.jit
