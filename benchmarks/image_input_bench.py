@@ -155,7 +155,7 @@ def previous_preprocess(tokens_of):
 
 
 def current_preprocess(reduced: bool):
-    from contrastive_jax.training.data.pipeline import image_text_preprocess
+    from contrastive_jax.training.data.example_preprocessing import image_text_preprocess
 
     return image_text_preprocess(image_size=SIZE, max_tokens=TOKENS, resize="bicubic",
                                  crop="random", crop_scale=(0.9, 1.0), reduced_decode=reduced,

@@ -19,7 +19,7 @@ whose image tower is a timm trunk that timm does not register, ``--timm_model_na
 that name registered first; ``timm_model_args`` in the config gives its arguments).
 
 What open_clip can hold, and what is refused by name:
-:mod:`contrastive_jax.training.models.converters.open_clip_export` (docs/pretrained.md,
+:mod:`contrastive_jax.training.models.converters.open_clip.export_files` (docs/pretrained.md,
 "Exporting to open_clip").
 """
 
@@ -34,7 +34,7 @@ from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.open_clip_export import export
+from contrastive_jax.training.models.converters.open_clip.export_files import export
 from contrastive_jax.training.models.converters.pretrained_source import (
     PretrainedSource,
     read_source,

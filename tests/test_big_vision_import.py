@@ -24,7 +24,11 @@ from flax import nnx
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import build_model
-from contrastive_jax.training.models.converters import big_vision_import, pretrained_source
+from contrastive_jax.training.models.converters import (
+    big_vision_import,
+    big_vision_npz,
+    pretrained_source,
+)
 
 
 def model_and_params(path, **kwargs):
@@ -356,18 +360,18 @@ def test_unreadable_files_name_the_file(tmp_path):
 
 
 def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_flag():
-    arrays = big_vision_import.load_npz(CHECKPOINT)
+    arrays = big_vision_npz.load_npz(CHECKPOINT)
     with pytest.raises(ConfigError, match=r"vision width 16 is none of big_vision's variants"
                                           r".*set --vision_heads"):
-        big_vision_import.npz_architecture(arrays, text_heads=2)
+        big_vision_npz.npz_architecture(arrays, text_heads=2)
     with pytest.raises(ConfigError, match="text heads = 5 must be a positive divisor of the "
                                           "text width 12; set --text_heads"):
-        big_vision_import.npz_architecture(arrays, vision_heads=2, text_heads=5)
+        big_vision_npz.npz_architecture(arrays, vision_heads=2, text_heads=5)
     with pytest.raises(ConfigError, match="vision heads = 3 must be a positive divisor"):
         big_vision_import.convert_npz(CHECKPOINT, vision_heads=3, text_heads=2)
     # shapes of a SigLIP B/16 (widths 768): 12 heads, with a warning naming the variant
     zeros = np.zeros
-    wide = big_vision_import.Arrays({
+    wide = big_vision_npz.Arrays({
         "img/embedding/kernel": zeros((16, 16, 3, 768), np.float32),
         "img/pos_embedding": zeros((1, 196, 768), np.float32),
         "img/Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel": zeros((768, 3072),
@@ -380,7 +384,7 @@ def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_fl
         "txt/head/kernel": zeros((768, 768), np.float32),
         "t": zeros(1, np.float32), "b": zeros(1, np.float32)}, {})
     with pytest.warns(UserWarning) as record:
-        config = big_vision_import.npz_architecture(wide)
+        config = big_vision_npz.npz_architecture(wide)
     assert [str(w.message).split(";")[0] for w in record] == [
         f"{tower} heads = 12 assumed from the width 768 (big_vision's variant B)"
         for tower in ("vision", "text")]
@@ -389,14 +393,14 @@ def test_heads_from_big_vision_variants_with_a_warning_or_an_error_naming_the_fl
     assert config["sample_encoder"]["image_size"] == 224
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # told: no warning
-        big_vision_import.npz_architecture(wide, vision_heads=12, text_heads=12)
+        big_vision_npz.npz_architecture(wide, vision_heads=12, text_heads=12)
     wide.arrays["t"] = np.full(1, math.log(117.0), np.float32)  # big_vision has no cap on exp(t)
     with pytest.warns(UserWarning, match=r"exp\(t\) = 117 is above this project's default cap "
                                          r"loss.max_scale = 100 .* float\('inf'\)"):
-        big_vision_import.npz_architecture(wide, vision_heads=12, text_heads=12)
+        big_vision_npz.npz_architecture(wide, vision_heads=12, text_heads=12)
     with pytest.raises(ConfigError, match=r"activation 'quick_gelu' is not supported; valid: "
                                           r"\['gelu_tanh', 'gelu'\]"):
-        big_vision_import.npz_architecture(wide, activation="quick_gelu", vision_heads=12,
+        big_vision_npz.npz_architecture(wide, activation="quick_gelu", vision_heads=12,
                                        text_heads=12)
 
 
@@ -438,8 +442,8 @@ def test_load_pretrained_reads_an_npz_as_the_importer_converts_it(monkeypatch):
     with pytest.raises(ConfigError, match=r"vision width 16 is none.*big_vision_import "
                                           r"--checkpoint=.*--vision_heads=N"):
         load_pretrained(CHECKPOINT, tokenizer=False)
-    monkeypatch.setitem(big_vision_import.VARIANTS, "fixture", (16, 1, 64, 2))  # image width
-    monkeypatch.setitem(big_vision_import.VARIANTS, "fixture_text", (12, 1, 48, 2))
+    monkeypatch.setitem(big_vision_npz.VARIANTS, "fixture", (16, 1, 64, 2))  # image width
+    monkeypatch.setitem(big_vision_npz.VARIANTS, "fixture_text", (12, 1, 48, 2))
     with pytest.warns(UserWarning, match="heads = 2 assumed from the width 16"):
         source = read_source(str(CHECKPOINT))
     config, params = model_and_params(CHECKPOINT, **HEADS)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.data.pipeline import image_text_preprocess
+from contrastive_jax.training.data.example_preprocessing import image_text_preprocess
 from contrastive_jax.training.data.text import clip_bpe
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
 

@@ -1,5 +1,5 @@
 """Exporting a dual encoder as an open_clip model directory (contrastive_jax.clip_export,
-contrastive_jax.training.models.converters.open_clip_export), without PyTorch.
+contrastive_jax.training.models.converters.open_clip.export_files), without PyTorch.
 
 The open_clip fixtures (two CLIPs, tests/test_clip_import.py; a SigLIP with a timm trunk,
 tests/test_open_clip_siglip.py) are imported, saved as converted directories and exported: the
@@ -31,10 +31,9 @@ from contrastive_jax import clip_export
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters import (
     clip_import,
-    open_clip_export,
-    open_clip_tensors,
-    pretrained_source,
+    converted_directory,
 )
+from contrastive_jax.training.models.converters.open_clip import export_files, tensor_layouts
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
@@ -68,7 +67,7 @@ def test_exported_fixture_is_the_original_state_dict(case, tmp_path):
         block, params = clip_import.convert_checkpoint(path, quick_gelu=case == "quickgelu",
                                             vision_heads=2, text_heads=2)
         pixels, original, extra = CLIP_PREPROCESS, load_file(path), []
-    pretrained_source.save_converted(tmp_path / "converted", block, params, preprocess=pixels)
+    converted_directory.save_converted(tmp_path / "converted", block, params, preprocess=pixels)
     out = tmp_path / "open_clip"
     assert clip_export.main([f"--converted={tmp_path / 'converted'}", f"--output={out}",
                              *extra]) == 0
@@ -99,7 +98,7 @@ def test_exported_fixture_is_the_original_state_dict(case, tmp_path):
             "mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
             "interpolation": "bicubic", "resize_mode": "shortest"}
     with pytest.raises(ConfigError, match="not an empty directory"):
-        open_clip_export.export(out, block, params, pixels,
+        export_files.export(out, block, params, pixels,
                            timm_model_name=TINY_TIMM if extra else None)
 
 
@@ -162,7 +161,7 @@ def test_a_trained_workdir_exports_the_parameters_of_its_checkpoint(tmp_path, ca
         out = tmp_path / f"export{len(flags)}"
         assert clip_export.main([f"--workdir={workdir}", f"--output={out}", *flags]) == 0
         assert f"step {1 - len(flags)}" in capsys.readouterr().out
-        params = open_clip_tensors.params_from_state_dict(
+        params = tensor_layouts.params_from_state_dict(
             config.model, load_file(out / "open_clip_model.safetensors"))
         got = leaves_by_path(params)
         assert sorted(got) == sorted(want)
@@ -225,15 +224,15 @@ TIMM = {"class_token": False, "pre_norm": False, "patch_bias": True, "layer_norm
 def test_what_open_clip_cannot_represent_is_refused_by_name(changes, named):
     model = block(changes.pop("vision", None), changes.pop("text", None), **changes)
     with pytest.raises(ConfigError, match=named):
-        open_clip_export.model_cfg(model)
+        export_files.model_cfg(model)
 
 
 def test_a_registered_name_must_have_the_sizes():
     model = block({**TIMM, "pool": "map"})
     with pytest.raises(ConfigError, match=r"--timm_model_name = 'vit_base_patch16_siglip_224' "
                                           r"is timm's \(224, 16, 768"):
-        open_clip_export.model_cfg(model, timm_model_name="vit_base_patch16_siglip_224")
-    cfg, args = open_clip_export.model_cfg(model, timm_model_name="my_vit")
+        export_files.model_cfg(model, timm_model_name="vit_base_patch16_siglip_224")
+    cfg, args = export_files.model_cfg(model, timm_model_name="my_vit")
     assert cfg["vision_cfg"]["timm_model_name"] == "my_vit" and args == {
         "img_size": 32, "patch_size": 16, "embed_dim": 64, "depth": 1, "num_heads": 2,
         "mlp_ratio": 4.0, "class_token": False, "global_pool": "map"}
@@ -257,7 +256,7 @@ def test_real_siglip_sizes_map_to_timms_registered_trunks():
     tokenizer keys); the mean-pooled tower is timm's gap variant; SO400M's MLP width 4304
     (int(1152 * 3.7362)) finds its trunk; gelu_tanh is timm's GELUTanh (B/32) and, in
     open_clip's own towers, act_kwargs approximate='tanh'."""
-    cfg, args = open_clip_export.model_cfg(siglip_b16())
+    cfg, args = export_files.model_cfg(siglip_b16())
     assert args is None
     assert cfg == {
         "embed_dim": 768, "init_logit_bias": -10.0, "custom_text": True,
@@ -266,20 +265,20 @@ def test_real_siglip_sizes_map_to_timms_registered_trunks():
         "text_cfg": {"context_length": 64, "vocab_size": 32000, "width": 768, "heads": 12,
                      "layers": 12, "no_causal_mask": True, "pool_type": "last",
                      "proj_bias": True, "norm_kwargs": {"eps": 1e-6}}}
-    gap, _ = open_clip_export.model_cfg(siglip_b16(pool="mean"))
+    gap, _ = export_files.model_cfg(siglip_b16(pool="mean"))
     assert gap["vision_cfg"]["timm_model_name"] == "vit_base_patch16_siglip_gap_224"
     assert gap["vision_cfg"]["timm_pool"] == "avg"
     so400m = siglip_b16(image_size=224, patch=14, width=1152, depth=27, heads=16,
                         mlp_width=4304)
     so400m["text_encoder"].update({"width": 1152, "heads": 16, "depth": 27, "mlp_width": 4304})
     so400m["embed_dim"] = 1152
-    cfg, _ = open_clip_export.model_cfg(so400m)
+    cfg, _ = export_files.model_cfg(so400m)
     assert cfg["vision_cfg"]["timm_model_name"] == "vit_so400m_patch14_siglip_224"
     assert int(1152 * cfg["text_cfg"]["mlp_ratio"]) == 4304
     b32 = siglip_b16(image_size=256, patch=32, activation="gelu_tanh")
-    assert open_clip_export.model_cfg(b32)[0]["vision_cfg"]["timm_model_name"] == \
+    assert export_files.model_cfg(b32)[0]["vision_cfg"]["timm_model_name"] == \
         "vit_base_patch32_siglip_256"
-    tanh, _ = open_clip_export.model_cfg(block({"activation": "gelu_tanh"},
+    tanh, _ = export_files.model_cfg(block({"activation": "gelu_tanh"},
                                           {"activation": "gelu_tanh"}))
     assert tanh["vision_cfg"]["act_kwargs"] == tanh["text_cfg"]["act_kwargs"] == {
         "approximate": "tanh"}

@@ -28,6 +28,7 @@ from contrastive_jax.training.models import build_model
 from contrastive_jax.training.models.converters import (
     clip_import,
     clip_state_dict,
+    converted_directory,
     pretrained_source,
 )
 
@@ -238,7 +239,7 @@ def test_bfloat16_compute_stays_close_to_open_clip():
 def test_saved_directory_restores_the_same_model(tmp_path):
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
-    pretrained_source.save_converted(out, config, params)
+    converted_directory.save_converted(out, config, params)
     assert json.loads((out / "model.json").read_text()) == config
     assert (out / "params").is_dir()
     restored_config, restored = pretrained_source.load_converted(out)
@@ -250,7 +251,7 @@ def test_saved_directory_restores_the_same_model(tmp_path):
     for u, v in zip(a, b, strict=True):
         np.testing.assert_array_equal(u, v)
     with pytest.raises(ConfigError, match="not an empty directory"):
-        pretrained_source.save_converted(out, config, params)
+        converted_directory.save_converted(out, config, params)
 
 
 def test_command_line(tmp_path, capsys):
@@ -470,9 +471,9 @@ def test_not_a_clip_is_said_before_asking_for_the_activation(tmp_path, extra, na
 
 
 def test_model_leaves_are_the_built_models_shapes_kept_per_block_and_handed_out_as_copies():
-    """``open_clip_tensors.model_leaves`` answers a block it has seen from what it kept: the
+    """``tensor_layouts.model_leaves`` answers a block it has seen from what it kept: the
     shapes of the model the block builds, in either layout, never a dict a caller changed."""
-    from contrastive_jax.training.models.converters import open_clip_tensors
+    from contrastive_jax.training.models.converters.open_clip import tensor_layouts
 
     def model(scan: bool, depth: int = 2) -> dict:
         tower = {"width": 16, "depth": depth, "heads": 2, "features": 16, "scan": scan}
@@ -486,9 +487,9 @@ def test_model_leaves_are_the_built_models_shapes_kept_per_block_and_handed_out_
         built = nnx.state(build_model(model(scan), nnx.Rngs(1)), nnx.Param)
         want = {"/".join(str(getattr(k, "key", k)) for k in path): tuple(v.shape)
                 for path, v in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(built))}
-        first = open_clip_tensors.model_leaves(model(scan))
+        first = tensor_layouts.model_leaves(model(scan))
         assert first == want and len(want) > 20
         first.clear()  # a caller's change is its own
-        assert open_clip_tensors.model_leaves(dict(reversed(model(scan).items()))) == want
-    deeper = open_clip_tensors.model_leaves(model(True, depth=3))
+        assert tensor_layouts.model_leaves(dict(reversed(model(scan).items()))) == want
+    deeper = tensor_layouts.model_leaves(model(True, depth=3))
     assert deeper["text_encoder/blocks/fc1/kernel"] == (3, 16, 64)  # the layer axis first

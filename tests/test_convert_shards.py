@@ -18,7 +18,7 @@ from PIL import Image
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.data import convert_shards, shard_readers
-from contrastive_jax.training.data.pipeline import image_text_preprocess
+from contrastive_jax.training.data.example_preprocessing import image_text_preprocess
 from contrastive_jax.training.data.sources import open_split
 
 REPO = Path(__file__).resolve().parents[1]

@@ -202,7 +202,7 @@ def test_bad_configs_say_what_to_change(mnist1d_test):
 
 
 def test_image_text_preprocess_resizes_crops_and_tokenises(tmp_path):
-    from contrastive_jax.training.data.pipeline import image_text_preprocess
+    from contrastive_jax.training.data.example_preprocessing import image_text_preprocess
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("<pad>\n<unk>\n<bos>\n<eos>\na\nphoto\nof\ndog\n")

@@ -19,7 +19,7 @@ from contrastive_jax import evaluate
 from contrastive_jax.pretrained import load_pretrained
 from contrastive_jax.training.evaluation.probes import fewshot_probe, linear_probe_logits
 from contrastive_jax.training.evaluation.task_runner import LINEAR_L2_GRID
-from contrastive_jax.training.models.converters import clip_import, pretrained_source
+from contrastive_jax.training.models.converters import clip_import, converted_directory
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::contrastive_jax.training.models.converters.clip_state_dict.AssumptionWarning")
@@ -94,9 +94,9 @@ def setting(tmp_path_factory):
     config, params = clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
     pixels = {"mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
               "resize": "bicubic", "image_size": 16}
-    pretrained_source.save_converted(root / "model", config, params, preprocess=pixels,
+    converted_directory.save_converted(root / "model", config, params, preprocess=pixels,
                                        tokenizer={"kind": "words", "path": str(vocab)})
-    pretrained_source.save_converted(root / "no_tokenizer", config, params,
+    converted_directory.save_converted(root / "no_tokenizer", config, params,
                                        preprocess=pixels)
     names = root / "names.json"
     names.write_text(json.dumps({"mock_shapes": {"templates": ["a photo of a {}.",

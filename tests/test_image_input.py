@@ -27,13 +27,11 @@ from contrastive_jax.training.augmentations.pixels import (
     unit_range,
 )
 from contrastive_jax.training.data import convert_shards, image_crops
-from contrastive_jax.training.data.pipeline import (
-    HostShard,
-    eval_dataset,
+from contrastive_jax.training.data.example_preprocessing import (
     image_text_preprocess,
     make_preprocess,
-    train_dataset,
 )
+from contrastive_jax.training.data.pipeline import HostShard, eval_dataset, train_dataset
 from contrastive_jax.training.data.sources import open_split
 
 

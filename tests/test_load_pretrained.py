@@ -20,7 +20,7 @@ from test_clip_import import EXACT, HEADS, QUICK, rel_error
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.pretrained import ImagePreprocess, TextTokenizer, load_pretrained
 from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer
-from contrastive_jax.training.models.converters import clip_import, pretrained_source
+from contrastive_jax.training.models.converters import clip_import, converted_directory
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 CLIP_PIXELS = {"mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
@@ -37,7 +37,7 @@ def encoded_fixture_images() -> list[bytes]:
 def converted_exact(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("pretrained") / "exact"
     config, params = clip_import.convert_checkpoint(EXACT, quick_gelu=False, **HEADS)
-    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS)
+    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     return out
 
 
@@ -72,7 +72,7 @@ def test_the_recorded_tokenizer_comes_back_and_must_fit_the_text_tower(tmp_path)
     merges = FIXTURES / "clip_bpe_merges.txt.gz"
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "with_tokenizer"
-    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS,
+    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS,
                                        tokenizer={"kind": "clip_bpe", "path": str(merges)})
     assert (out / "tokenizer" / merges.name).read_bytes() == merges.read_bytes()
     # the fixture's text tower has 100 ids; the merges file's tokenizer needs 2,406
@@ -82,7 +82,7 @@ def test_the_recorded_tokenizer_comes_back_and_must_fit_the_text_tower(tmp_path)
     params["text_encoder"]["tokens"]["embedding"] = np.resize(
         params["text_encoder"]["tokens"]["embedding"], (2406, 32))
     out = tmp_path / "wide"
-    pretrained_source.save_converted(out, wide, params, preprocess=CLIP_PIXELS,
+    converted_directory.save_converted(out, wide, params, preprocess=CLIP_PIXELS,
                                        tokenizer={"kind": "clip_bpe", "path": str(merges)})
     model, _, tokenizer = load_pretrained(out)
     assert isinstance(tokenizer, TextTokenizer) and tokenizer.context_length == 16
@@ -131,7 +131,7 @@ def test_zero_shot_classifier_is_clips_prompt_ensemble(tmp_path):
 
     config, params = clip_import.convert_checkpoint(QUICK, **HEADS)
     out = tmp_path / "converted"
-    pretrained_source.save_converted(out, config, params, preprocess=CLIP_PIXELS)
+    converted_directory.save_converted(out, config, params, preprocess=CLIP_PIXELS)
     model, _, _ = load_pretrained(out, tokenizer=False)
 
     class Hashing:  # ids of a text: a deterministic function of it, 100-id vocabulary
@@ -291,7 +291,7 @@ def test_read_source_reads_the_model_without_its_weights(tmp_path):
               "resize_mode": "squash", "image_size": 16}
     assert described.preprocess == pixels
     out = tmp_path / "converted"
-    pretrained_source.save_converted(out, converted.model, converted.params,
+    converted_directory.save_converted(out, converted.model, converted.params,
                                      preprocess=pixels, tokenizer=converted.tokenizer)
     stored = read_source(out)
     assert stored.kind == "converted" and not stored.has_weights

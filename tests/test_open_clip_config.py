@@ -1,6 +1,6 @@
 """open_clip model configs as this project's model block
-(contrastive_jax.training.models.converters.open_clip_config) and the config-driven CLIP import
-(clip_import.convert_open_clip).
+(contrastive_jax.training.models.converters.open_clip.model_configs) and the config-driven CLIP
+import (clip_import.convert_open_clip).
 
 Fixtures written with open_clip 3.3.0 (no PyTorch here): tests/fixtures/make_open_clip_models.py
 recorded open_clip's shipped configs, the timm trunks they name and, for each config that
@@ -31,12 +31,12 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models.converters import (
     clip_import,
     clip_state_dict,
-    open_clip_tensors,
     state_dict_files,
 )
-from contrastive_jax.training.models.converters import open_clip_config as occ
-from contrastive_jax.training.models.converters import open_clip_options as options
-from contrastive_jax.training.models.converters import open_clip_sources as sources
+from contrastive_jax.training.models.converters.open_clip import config_options as options
+from contrastive_jax.training.models.converters.open_clip import model_configs as occ
+from contrastive_jax.training.models.converters.open_clip import model_sources as sources
+from contrastive_jax.training.models.converters.open_clip import tensor_rules
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 OPTIONS = FIXTURES / "open_clip_options"
@@ -101,13 +101,13 @@ def test_the_document_is_what_the_converter_decides():
 
 def test_every_converted_config_reads_exactly_open_clips_state_dict():
     """For each of the 69 configs that convert, the tensors the block's rules read (names and
-    shapes, open_clip_tensors.rules) are exactly those of the state dict open_clip builds for
+    shapes, tensor_rules.rules) are exactly those of the state dict open_clip builds for
     the config (its digest, recorded from open_clip on the meta device)."""
     for name in sources.model_names():
         block, _ = occ.verdict(name)
         if block is None:
             continue
-        shapes = {rule.source: rule.shape for rule in open_clip_tensors.rules(block)}
+        shapes = {rule.source: rule.shape for rule in tensor_rules.rules(block)}
         recorded = sources.recorded()["models"][name]["state_dict"]
         assert len(shapes) == recorded["tensors"], name
         assert sum(int(np.prod(s)) for s in shapes.values()) == recorded["parameters"], name
@@ -476,12 +476,12 @@ def test_command_line_with_a_config(tmp_path, capsys):
 
 
 def test_the_modules_run_without_jax():
-    """open_clip_config, open_clip_options, open_clip_sources and the docs page import only the
+    """model_configs, config_options, model_sources, timm_trunks and the docs page import only the
     standard library and contrastive_jax.errors (the fixture scripts run them where open_clip,
     not JAX, is installed): the package's parents as bare modules, nothing heavy imported."""
     import subprocess
 
-    root = pathlib.Path(occ.__file__).parents[4]
+    root = pathlib.Path(occ.__file__).parents[5]
     code = ("import sys, types\n"
             f"for name, path in {BARE_PACKAGES!r}.items():\n"
             "    module = types.ModuleType(name)\n"

@@ -1,6 +1,6 @@
 """open_clip's SigLIP (a CustomTextCLIP with a timm VisionTransformer trunk and open_clip's
 TextTransformer) as this project's dual encoder, through
-contrastive_jax.training.models.converters.open_clip_tensors.
+contrastive_jax.training.models.converters.open_clip.tensor_layouts.
 
 Parity without PyTorch: tests/fixtures/make_open_clip_siglip_fixture.py wrote a tiny randomly
 initialised open_clip SigLIP (hub layout: open_clip_config.json, open_clip_model.safetensors)
@@ -24,7 +24,8 @@ from flax import nnx
 from test_clip_import import jitted_outputs, model_with, rel_error
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import open_clip_tensors, pretrained_source
+from contrastive_jax.training.models.converters import converted_directory
+from contrastive_jax.training.models.converters.open_clip import tensor_layouts
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
@@ -57,7 +58,7 @@ def reference():
 
 
 def siglip_params():
-    return open_clip_tensors.params_from_state_dict(SIGLIP_BLOCK, load_state_dict(WEIGHTS))
+    return tensor_layouts.params_from_state_dict(SIGLIP_BLOCK, load_state_dict(WEIGHTS))
 
 
 def with_bias(model, outputs):
@@ -212,14 +213,14 @@ def test_mismatching_tensors_are_named(edit, named):
     tensors = load_state_dict(WEIGHTS)  # text tower without its "text." prefix, as read
     edit(tensors)
     with pytest.raises(ConfigError, match=named):
-        open_clip_tensors.params_from_state_dict(SIGLIP_BLOCK, tensors)
+        tensor_layouts.params_from_state_dict(SIGLIP_BLOCK, tensors)
 
 
 def test_both_directions_give_back_the_state_dict_bit_for_bit():
     from safetensors.numpy import load_file
 
     original = load_file(WEIGHTS)
-    back = open_clip_tensors.state_dict_from_params(SIGLIP_BLOCK, siglip_params())
+    back = tensor_layouts.state_dict_from_params(SIGLIP_BLOCK, siglip_params())
     assert sorted(back) == sorted(original)
     for name, value in original.items():
         assert back[name].dtype == np.float32 and back[name].tobytes() == value.tobytes(), name
@@ -227,7 +228,7 @@ def test_both_directions_give_back_the_state_dict_bit_for_bit():
     params["sample_encoder"]["out"] = {"kernel": np.zeros((16, 8), np.float32)}
     with pytest.raises(ConfigError, match="parameter 'sample_encoder/out/kernel' has no "
                                           "open_clip counterpart"):
-        open_clip_tensors.state_dict_from_params(SIGLIP_BLOCK, params)
+        tensor_layouts.state_dict_from_params(SIGLIP_BLOCK, params)
 
 
 def lit_config(converted: pathlib.Path):
@@ -264,7 +265,7 @@ def test_lit_run_from_the_converted_directory(tmp_path):
 
     params = siglip_params()
     converted = tmp_path / "siglip"
-    pretrained_source.save_converted(converted, SIGLIP_BLOCK, params,
+    converted_directory.save_converted(converted, SIGLIP_BLOCK, params,
                                        preprocess=SIGLIP_PREPROCESS)
     config = lit_config(converted)
     method = method_for(config)

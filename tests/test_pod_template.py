@@ -17,12 +17,9 @@ from contrastive_jax import evaluate
 from contrastive_jax.errors import ConfigError, DatasetNotPreparedError
 from contrastive_jax.training import train
 from contrastive_jax.training.data import build_tokenizer
+from contrastive_jax.training.data.example_preprocessing import image_text_preprocess
 from contrastive_jax.training.data.mock_datasets import MOCK_SPLITS
-from contrastive_jax.training.data.pipeline import (
-    HostShard,
-    image_text_preprocess,
-    train_dataset,
-)
+from contrastive_jax.training.data.pipeline import HostShard, train_dataset
 from contrastive_jax.training.data.prepare import main as prepare_main
 from contrastive_jax.training.data.sources import open_split, prepared_dir
 
@@ -228,7 +225,7 @@ def converted_siglip(tmp_path):
     tokenizer fixture, which the directory carries."""
     from test_load_pretrained import siglip_hub_directory
 
-    from contrastive_jax.training.models.converters import clip_import, pretrained_source
+    from contrastive_jax.training.models.converters import clip_import, converted_directory
 
     converted = clip_import.convert_open_clip(siglip_hub_directory(tmp_path))
     block = {**converted.model, "text_encoder": {**converted.model["text_encoder"],
@@ -237,7 +234,7 @@ def converted_siglip(tmp_path):
     table = params["text_encoder"]["tokens"]["embedding"]
     params["text_encoder"]["tokens"]["embedding"] = np.resize(table, (2000, table.shape[1]))
     source = tmp_path / "siglip"
-    pretrained_source.save_converted(source, block, params, preprocess=converted.preprocess,
+    converted_directory.save_converted(source, block, params, preprocess=converted.preprocess,
                                        tokenizer=converted.tokenizer)
     return source
 

@@ -22,6 +22,7 @@ from contrastive_jax.training.models import build_model
 from contrastive_jax.training.models.converters import (
     big_vision_import,
     clip_import,
+    converted_directory,
     pretrained_source,
 )
 from contrastive_jax.training.models.position_resampling import (
@@ -64,7 +65,7 @@ def converted(tmp_path_factory):
             FIXTURES / "open_clip_tiny_quickgelu.safetensors", quick_gelu=True,
             vision_heads=2, text_heads=2)
     path = tmp_path_factory.mktemp("converted") / "tiny"
-    pretrained_source.save_converted(path, block, params, preprocess={
+    converted_directory.save_converted(path, block, params, preprocess={
         "mean": list(clip_import.OPENAI_MEAN), "std": list(clip_import.OPENAI_STD),
         "resize": "bicubic", "image_size": 16})
     return path, block, leaves_by_path(params)

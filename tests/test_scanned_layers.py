@@ -320,10 +320,10 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
 
     from contrastive_jax.training.models.converters import (
         clip_import,
-        open_clip_export,
-        open_clip_tensors,
+        converted_directory,
         pretrained_source,
     )
+    from contrastive_jax.training.models.converters.open_clip import export_files, tensor_layouts
     from contrastive_jax.training.run import init_from
 
     source = pathlib.Path(__file__).resolve().parent / "fixtures" / \
@@ -335,15 +335,15 @@ def test_a_converted_directory_of_either_layout_loads_into_either_and_exports_th
     # training-only settings travel with a block and change nothing here (FLIP's patch
     # dropout: a masked pre-training run's workdir initialises an unmasked model and back)
     unrolled_block["sample_encoder"]["patch_dropout"] = 0.5
-    unrolled = open_clip_tensors.in_model_layout(unrolled_block, params)
+    unrolled = tensor_layouts.in_model_layout(unrolled_block, params)
     assert 1 in unrolled["text_encoder"]["blocks"]
     assert leaves_by_path(params)["text_encoder/blocks/fc1/kernel"].shape[0] == 2
     for name, b, p in (("scanned", block, params), ("unrolled", unrolled_block, unrolled)):
-        pretrained_source.save_converted(tmp_path / name, b, p)
+        converted_directory.save_converted(tmp_path / name, b, p)
         loaded_block, loaded = pretrained_source.load_converted(tmp_path / name)
         assert leaves_by_path(loaded).keys() == \
             leaves_by_path(p).keys()
-        open_clip_export.export(tmp_path / f"{name}_open_clip", loaded_block, loaded)
+        export_files.export(tmp_path / f"{name}_open_clip", loaded_block, loaded)
         exported = load_file(tmp_path / f"{name}_open_clip" / "open_clip_model.safetensors")
         original = load_file(source)
         assert exported.keys() == original.keys()

@@ -9,7 +9,7 @@ import sentencepiece
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.data.build_tokenizer import train_sentencepiece
-from contrastive_jax.training.data.pipeline import make_preprocess
+from contrastive_jax.training.data.example_preprocessing import make_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text.text_tokenizers import (
     SentencePieceTokenizer,

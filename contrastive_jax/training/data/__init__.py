@@ -8,6 +8,9 @@
 - :mod:`~contrastive_jax.training.data.pipeline`: shuffled, repeated, per-host batches
   assembled into global ``jax.Array`` s, with a checkpointable iterator; padded evaluation
   passes.
+- :mod:`~contrastive_jax.training.data.example_preprocessing`: what each example becomes on
+  the way (``data.preprocess``: the standard features, or an image cropped and its caption
+  tokenised).
 - :mod:`~contrastive_jax.training.data.build_tokenizer`: the command that builds a SentencePiece
   model from a prepared dataset's captions.
 - :mod:`~contrastive_jax.training.data.datasets`: the package's datasets themselves (the TFDS
@@ -17,12 +20,12 @@
   caption tokenizers (words, SentencePiece, CLIP's BPE), zero-shot prompts.
 """
 
+from contrastive_jax.training.data.example_preprocessing import standard_preprocess
 from contrastive_jax.training.data.pipeline import (
     HostShard,
     default_data_config,
     eval_dataset,
     eval_iterator,
-    standard_preprocess,
     train_dataset,
     train_iterator,
 )

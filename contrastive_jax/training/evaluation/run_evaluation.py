@@ -44,8 +44,8 @@ from contrastive_jax.training.augmentations.pixels import (
     unit_range,
 )
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
+from contrastive_jax.training.data.example_preprocessing import standard_preprocess
 from contrastive_jax.training.data.image_crops import evaluation_image, open_image
-from contrastive_jax.training.data.pipeline import standard_preprocess
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer

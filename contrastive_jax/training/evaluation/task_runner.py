@@ -23,7 +23,7 @@ import numpy as np
 
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
 from contrastive_jax.training.data import eval_dataset, open_split
-from contrastive_jax.training.data.pipeline import standard_preprocess
+from contrastive_jax.training.data.example_preprocessing import standard_preprocess
 from contrastive_jax.training.data.text.prompt_templates import prompt_texts
 from contrastive_jax.training.evaluation.classification_metrics import classification_metrics
 from contrastive_jax.training.evaluation.probes import fewshot_probe, linear_probe_logits

@@ -7,29 +7,24 @@
   docs/pretrained.md);
 - :mod:`~contrastive_jax.training.models.converters.clip_state_dict`: a CLIP state dict
   without its config, read as the default ViT CLIP (the assumptions stated in a warning);
-- :mod:`~contrastive_jax.training.models.converters.open_clip_config`: open_clip's model
-  configs as ``dual_encoder`` blocks, every option (the tables of
-  :mod:`~contrastive_jax.training.models.converters.open_clip_options`) converted exactly or
-  refused by name (docs/open_clip_models.md);
-- :mod:`~contrastive_jax.training.models.converters.open_clip_sources`: where a model's config,
-  weights, pixels and tokenizer come from (a file, a hub directory, the Hugging Face cache, a
-  recorded name in ``open_clip_models.json``), and the timm trunks the configs name;
-- :mod:`~contrastive_jax.training.models.converters.open_clip_tensors`: open_clip state-dict
-  names and layouts to parameters and back;
-- :mod:`~contrastive_jax.training.models.converters.open_clip_export`: open_clip's files
-  (``open_clip_model.safetensors``, ``open_clip_config.json``) of a model (the command is
+- :mod:`~contrastive_jax.training.models.converters.open_clip`: open_clip's models: where a
+  model's files come from, its config as a ``dual_encoder`` block (every option converted
+  exactly or refused by name: docs/open_clip_models.md), the timm trunks the configs name,
+  the state-dict tensors to parameters and back, and open_clip's files written (the command is
   ``python -m contrastive_jax.clip_export``);
 - :mod:`~contrastive_jax.training.models.converters.big_vision_import`: big_vision's SigLIP
-  ``.npz`` checkpoints;
+  ``.npz`` checkpoints (the file's arrays and the architecture read from their shapes:
+  :mod:`~contrastive_jax.training.models.converters.big_vision_npz`);
 - :mod:`~contrastive_jax.training.models.converters.state_dict_files`: PyTorch state dicts
   (``.safetensors``, ``.pt`` / ``.bin``) read as NumPy arrays, and a TorchScript archive's
   activation read without running it;
 - :mod:`~contrastive_jax.training.models.converters.pretrained_source`: every pretrained
   source (a converted directory, a trainer workdir, an open_clip model, a big_vision ``.npz``)
   classified and read by one reader into one record, :class:`~contrastive_jax.training.
-  models.converters.pretrained_source.PretrainedSource`, and the converted directory on disk
-  (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``) that the converters
-  write.
+  models.converters.pretrained_source.PretrainedSource`;
+- :mod:`~contrastive_jax.training.models.converters.converted_directory`: the converted
+  directory on disk (``model.json``, ``params/``, ``preprocess.json``, ``tokenizer.json``) that
+  the converters write, the one format every source converts to.
 
 Training imports none of them but the pretrained-source reader (``model.init_from``, which
 converts an open_clip source in memory: :mod:`contrastive_jax.training.run.init_from`); the

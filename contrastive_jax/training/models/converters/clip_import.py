@@ -6,7 +6,7 @@
         [--tokenizer=FILE] [--allow_torchscript] [--image_size=N] [--max_tokens=T]
 
 reads a checkpoint the user already has (nothing is downloaded). With the model's open_clip
-config, the architecture comes from it (:mod:`.open_clip_config`: heads, activation, pooling,
+config, the architecture comes from it (:mod:`.model_configs`: heads, activation, pooling,
 causal mask, LayerNorm epsilon, projections, MLP width, image size, logit bias; every open_clip
 option converted exactly or refused by name; docs/open_clip_models.md): ``--open_clip_config``
 (an ``open_clip_config.json``, a plain model config, or a directory holding one), ``--model``
@@ -30,9 +30,9 @@ refused, asking for the config, before any question about flags.
 
 Every tensor is mapped to a parameter of
 :class:`~contrastive_jax.training.models.DualEncoder` by
-:func:`.open_clip_tensors.params_from_state_dict` (a missing tensor, another shape, or one no
+:func:`.tensor_layouts.params_from_state_dict` (a missing tensor, another shape, or one no
 parameter takes is a :class:`ConfigError` naming it), and ``DIR`` receives
-(:func:`~.pretrained_source.save_converted`)::
+(:func:`~.converted_directory.save_converted`)::
 
     DIR/model.json   the config's ``model`` block (a dual_encoder) that builds exactly this
                      architecture with build_model
@@ -66,8 +66,6 @@ from absl import flags
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import open_clip_config as occ
-from contrastive_jax.training.models.converters import open_clip_sources as sources
 from contrastive_jax.training.models.converters.clip_state_dict import (
     AssumptionWarning,
     bare_activation,
@@ -75,12 +73,16 @@ from contrastive_jax.training.models.converters.clip_state_dict import (
     not_a_clip,
     summary,
 )
-from contrastive_jax.training.models.converters.open_clip_tensors import params_from_state_dict
-from contrastive_jax.training.models.converters.pretrained_source import (
-    PretrainedSource,
+from contrastive_jax.training.models.converters.converted_directory import (
     define_size_flags,
     save_converted,
 )
+from contrastive_jax.training.models.converters.open_clip import model_configs as occ
+from contrastive_jax.training.models.converters.open_clip import model_sources as sources
+from contrastive_jax.training.models.converters.open_clip.tensor_layouts import (
+    params_from_state_dict,
+)
+from contrastive_jax.training.models.converters.pretrained_source import PretrainedSource
 from contrastive_jax.training.models.converters.state_dict_files import load_state_dict
 
 # CLIP's image normalisation (open_clip's OPENAI_DATASET_MEAN / _STD), RGB, for pixels in [0, 1]

@@ -7,7 +7,7 @@ shapes do not show (heads ``width // 64``, LayerNorm eps 1e-5, class-token pooli
 ``ln_post``, a causal text mask with argmax pooling, the activation from ``quick_gelu``, the
 file name or a TorchScript archive's modules), stated in an :class:`AssumptionWarning` that
 also names the recorded open_clip configs with other heads at that width
-(:func:`~.open_clip_config.head_exceptions`). A checkpoint that is visibly not such a CLIP
+(:func:`~.model_configs.head_exceptions`). A checkpoint that is visibly not such a CLIP
 (:func:`not_a_clip`: a ResNet or timm image tower, a Hugging Face text tower, a text projection
 with a bias, no ``ln_pre``, a logit bias) is refused, asking for the config. With the config,
 :func:`~.clip_import.convert_open_clip` reads none of this ([CLIP], [OpenCLIP] in
@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters import open_clip_config as occ
-from contrastive_jax.training.models.converters.open_clip_sources import model_names, recorded
-from contrastive_jax.training.models.converters.open_clip_tensors import params_from_state_dict
+from contrastive_jax.training.models.converters.open_clip import model_configs as occ
+from contrastive_jax.training.models.converters.open_clip.model_sources import model_names, recorded
+from contrastive_jax.training.models.converters.open_clip.tensor_layouts import (
+    params_from_state_dict,
+)
 from contrastive_jax.training.models.converters.state_dict_files import (
     is_torchscript,
     torchscript_activation,
@@ -120,7 +122,7 @@ def state_dict_architecture(tensors: Mapping[str, np.ndarray], *, quick_gelu: bo
 
     What shapes do not show is CLIP's: heads ``width // 64`` unless ``vision_heads`` /
     ``text_heads`` say otherwise (the recorded open_clip configs with other heads:
-    :func:`.open_clip_config.head_exceptions`), LayerNorm eps 1e-5, class-token pooling after
+    :func:`.model_configs.head_exceptions`), LayerNorm eps 1e-5, class-token pooling after
     ``ln_post``, a causal text mask with argmax pooling. ``activation`` (or ``quick_gelu``:
     True ``"quick_gelu"``, False ``"gelu"``): the checkpoint's activation.
     """
@@ -209,7 +211,7 @@ def convert_state_dict(tensors: Mapping[str, np.ndarray], *, quick_gelu: bool,
     """``(model config, params)`` of a bare CLIP state dict (:func:`state_dict_architecture`; an
     :class:`AssumptionWarning` states what shapes did not show); ``params`` is the nested pure
     dict of the model's ``nnx.Param`` state (``nnx.to_pure_dict``), float32 NumPy arrays, mapped
-    by :func:`.open_clip_tensors.params_from_state_dict` (Linear weights transposed, the patch
+    by :func:`.tensor_layouts.params_from_state_dict` (Linear weights transposed, the patch
     convolution OIHW -> HWIO, ``in_proj_weight`` split into q, k, v with head-major outputs,
     ``proj`` / ``text_projection`` as the dual encoder's projections, LayerNorm ``weight`` ->
     ``scale``). A tensor whose shape is not the architecture's, a missing one or one that

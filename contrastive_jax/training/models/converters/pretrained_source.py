@@ -17,7 +17,7 @@ workdir       a trainer workdir, ``DIR/checkpoints/<step>/  ``DIR/config.json`` 
 big_vision    a big_vision SigLIP ``.npz`` file            the arrays themselves (converted
                                                            whole, :mod:`.big_vision_import`)
 open_clip     an open_clip hub directory, a Hugging Face   ``open_clip_config.json`` or the
-              cache snapshot, ``hf-hub:ORG/NAME``, a       recorded config (:mod:`.open_clip_
+              cache snapshot, ``hf-hub:ORG/NAME``, a       recorded config (:mod:`.model_
               recorded model name (with ``pretrained=``    sources`); a bare state dict has
               a release), a bare weight file               none and is converted whole
 ============  ===========================================  =====================================
@@ -28,17 +28,6 @@ non-finite numbers are skipped and listed, the other run's files left as they ar
 BatchNorm statistics, an open_clip model converted in memory
 (:func:`.clip_import.convert_open_clip`). Both give a :class:`PretrainedSource`, the one record
 of a pretrained model in the package (the converters return it too).
-
-**The converted directory** (:func:`save_converted`, the converters' output and the one
-format every source converts to): ``DIR/model.json`` (the ``model`` block that builds it),
-``DIR/params`` (its parameters, an orbax ``StandardCheckpointer`` tree) and, where the model
-expects a pixel normalisation, ``DIR/preprocess.json`` (``data.preprocess`` fields: ``mean``,
-``std``, ``resize``, ``image_size``, and ``resize_mode``: ``"shortest"``, the default, or
-``"squash"``; a run that starts from the directory takes ``mean`` and ``std`` from it,
-:func:`contrastive_jax.training.run_spec.source_pixels`) and, where the converter was given the
-model's tokenizer, ``DIR/tokenizer.json`` (a ``data.preprocess.tokenizer`` spec whose ``path``
-is relative to ``DIR``) with the tokenizer's file copied beside it (``DIR/tokenizer/``), so that
-the directory alone gives a ready model (:func:`contrastive_jax.pretrained.load_pretrained`).
 
 A path is made absolute once (orbax reads absolute paths only); ``gs://`` paths are read
 through :class:`etils.epath.Path`. Nothing is downloaded: a name with no local file says where
@@ -60,12 +49,15 @@ import numpy as np
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.converters.converted_directory import (
+    MODEL_FILE,
+    PREPROCESS_FILE,
+    TOKENIZER_FILE,
+    converted_extras,
+)
 from contrastive_jax.training.parameter_paths import leaves_by_path, nested
 
 KINDS = ("converted", "workdir", "big_vision", "open_clip")
-MODEL_FILE = "model.json"  # a converted directory's model block
-PREPROCESS_FILE = "preprocess.json"
-TOKENIZER_FILE = "tokenizer.json"
 WORKDIR_CONFIG = "config.json"  # a trainer workdir's recorded config
 CHECKPOINTS = "checkpoints"  # a trainer workdir's checkpoints/<step>/state (run/checkpoints.py)
 
@@ -194,7 +186,7 @@ def _stamp(location: str, kind: str) -> tuple:
     files a description is read from (nothing for names and remote paths)."""
     if "://" in location or not os.path.exists(location):
         return ()
-    names = {"converted": (MODEL_FILE, "preprocess.json", "tokenizer.json"),
+    names = {"converted": (MODEL_FILE, PREPROCESS_FILE, TOKENIZER_FILE),
              "workdir": (WORKDIR_CONFIG,), "big_vision": ("",),
              "open_clip": ("", "open_clip_config.json")}[kind]
     stamps = []
@@ -266,11 +258,11 @@ def _open_clip(location: str, *, pretrained: str | None = None, **_) -> Pretrain
     """An open_clip model's description from its config alone (its ``init_temperature`` /
     ``init_bias`` are the config's initial values until the weights are read); a weight file
     without a config is converted whole."""
-    from contrastive_jax.training.models.converters import open_clip_config, open_clip_sources
     from contrastive_jax.training.models.converters.clip_import import convert_open_clip
+    from contrastive_jax.training.models.converters.open_clip import model_configs, model_sources
 
     try:
-        found = open_clip_sources.locate(location, pretrained=pretrained)
+        found = model_sources.locate(location, pretrained=pretrained)
     except ConfigError as err:
         raise ConfigError(
             f"{location} is neither a converted checkpoint (model.json and params/), a trainer "
@@ -279,11 +271,11 @@ def _open_clip(location: str, *, pretrained: str | None = None, **_) -> Pretrain
     if found.model_cfg is None:  # a bare state dict: its config comes from its tensors
         converted = convert_open_clip(location, pretrained=pretrained)
         return dataclasses.replace(converted, location=location, pretrained=pretrained)
-    block = open_clip_config.model_block(found.model_cfg, timm_args=found.timm_args)
+    block = model_configs.model_block(found.model_cfg, timm_args=found.timm_args)
     return PretrainedSource(
         "open_clip", location, f"the open_clip model ({found.origin})", block.model,
-        open_clip_sources.source_preprocess(found, block.model["sample_encoder"]["image_size"]),
-        open_clip_sources.tokenizer_spec(block.tokenizer, found.directory,
+        model_sources.source_preprocess(found, block.model["sample_encoder"]["image_size"]),
+        model_sources.tokenizer_spec(block.tokenizer, found.directory,
                                          found.model_cfg.get("text_cfg")),
         block.tokenizer, pretrained=pretrained, notes=tuple(block.notes))
 
@@ -317,7 +309,7 @@ def _in_layout(tree, model: Mapping[str, Any], *, drop_value: bool = False
     ``model`` block builds (scanned or unrolled,
     :func:`~contrastive_jax.training.models.scanned_layers.to_layout`); as stored when there is
     no block (a workdir without config.json)."""
-    from contrastive_jax.training.models.converters.open_clip_tensors import model_leaves
+    from contrastive_jax.training.models.converters.open_clip.tensor_layouts import model_leaves
     from contrastive_jax.training.models.scanned_layers import to_layout
 
     leaves = {k: np.asarray(v) for k, v in leaves_by_path(tree, drop_value=drop_value).items()}
@@ -371,79 +363,10 @@ def _workdir_weights(source: PretrainedSource) -> PretrainedSource:
                       f"{'; '.join(skipped)}. Point to another run or rerun the pretraining")
 
 
-# --- the converted directory: the one format every source converts to -----------------
-
-def define_size_flags(flag_values) -> tuple[Any, Any]:
-    """An importer's ``--image_size`` and ``--max_tokens`` (flag holders in ``flag_values``):
-    the converted model at another input size (:func:`save_converted`)."""
-    from absl import flags
-
-    return (flags.DEFINE_integer(
-                "image_size", None, "write the model at this image size instead of the "
-                "checkpoint's (a multiple of its patch): the position table resampled "
-                "bicubically to the new patch grid (CLIPA; open_clip's --force-image-size)",
-                flag_values=flag_values),
-            flags.DEFINE_integer(
-                "max_tokens", None, "write the model with this shorter text context: the text "
-                "position table truncated (a longer one is refused)", flag_values=flag_values))
-
-
-def save_converted(out_dir: str | os.PathLike, model_config: Mapping[str, Any],
-                   params: Mapping[str, Any],
-                   preprocess: Mapping[str, Any] | None = None,
-                   tokenizer: Mapping[str, Any] | None = None, *,
-                   image_size: int | None = None, max_tokens: int | None = None) -> list[str]:
-    """Write ``out_dir/model.json`` (``model_config``), ``out_dir/params`` (orbax
-    ``StandardCheckpointer``) and, if given, ``out_dir/preprocess.json`` and the tokenizer
-    (``tokenizer``: a ``data.preprocess.tokenizer`` spec whose ``path`` names an existing file;
-    the file is copied to ``out_dir/tokenizer/`` and ``out_dir/tokenizer.json`` records the spec
-    with that relative path). ``out_dir`` must not exist or be empty (nothing is
-    overwritten). ``image_size`` / ``max_tokens``: write the model at another input size, its
-    position tables moved (:func:`~contrastive_jax.training.models.position_resampling.
-    resized_model`); returns its lines saying what moved (none without them)."""
-    import shutil
-
-    import orbax.checkpoint as ocp
-
-    from contrastive_jax.training.models.position_resampling import resized_model
-
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise ConfigError(f"output {out_dir!r} exists and is not an empty directory; choose a "
-                          "new one")
-    notes = []
-    if image_size is not None or max_tokens is not None:
-        model_config, params, preprocess, notes = resized_model(
-            model_config, params, preprocess, image_size=image_size, max_tokens=max_tokens,
-            what="--image_size/--max_tokens")
-    os.makedirs(out_dir, exist_ok=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(out_dir, "params"), dict(params))
-    checkpointer.wait_until_finished()
-    if preprocess is not None:
-        with open(os.path.join(out_dir, PREPROCESS_FILE), "w") as f:
-            json.dump(dict(preprocess), f, indent=2)
-            f.write("\n")
-    if tokenizer is not None:
-        spec = dict(tokenizer)
-        source = os.fspath(spec.get("path", ""))
-        if not os.path.isfile(source):
-            raise ConfigError(f"tokenizer file {source!r} does not exist")
-        os.makedirs(os.path.join(out_dir, "tokenizer"))
-        spec["path"] = os.path.join("tokenizer", os.path.basename(source))
-        shutil.copyfile(source, os.path.join(out_dir, spec["path"]))
-        with open(os.path.join(out_dir, TOKENIZER_FILE), "w") as f:
-            json.dump(spec, f, indent=2)
-            f.write("\n")
-    with open(os.path.join(out_dir, "model.json"), "w") as f:  # last: the directory is complete
-        json.dump(dict(model_config), f, indent=2)
-        f.write("\n")
-    return notes
-
-
 def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
-    """``(model config, params)`` from a directory written by :func:`save_converted` (the
-    reader's ``converted`` kind, :func:`with_weights`): the params (nested, float32 NumPy;
+    """``(model config, params)`` from a directory written by
+    :func:`~.converted_directory.save_converted` (the reader's ``converted`` kind,
+    :func:`with_weights`): the params (nested, float32 NumPy;
     ``nnx.List`` indices as ints) in the layout of the model the config builds, whichever
     layout of the Transformer blocks they were saved in (a directory converted before
     scanned layers holds unrolled blocks, :mod:`~contrastive_jax.training.models.
@@ -454,24 +377,3 @@ def load_converted(out_dir: str | os.PathLike) -> tuple[dict[str, Any], dict]:
                           "directory")
     source = with_weights(source)
     return source.model, source.params
-
-
-def converted_extras(out_dir: str | os.PathLike) -> tuple[dict | None, dict | None]:
-    """``(preprocess, tokenizer spec)`` recorded in a converted directory, each ``None`` when
-    absent; the tokenizer's ``path`` made absolute (it is stored relative to the directory)."""
-    out_dir = os.path.abspath(os.fspath(out_dir))
-    found = []
-    for name in (PREPROCESS_FILE, TOKENIZER_FILE):
-        path = os.path.join(out_dir, name)
-        if not os.path.exists(path):
-            found.append(None)
-            continue
-        with open(path) as f:
-            try:
-                found.append(json.load(f))
-            except ValueError as err:
-                raise ConfigError(f"{path} is not valid JSON ({err})") from None
-    preprocess, tokenizer = found
-    if tokenizer is not None:
-        tokenizer["path"] = os.path.join(out_dir, tokenizer.get("path", ""))
-    return preprocess, tokenizer

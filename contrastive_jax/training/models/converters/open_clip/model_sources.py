@@ -9,10 +9,8 @@ cache: :func:`hf_hub_cache`), or the name of one of open_clip's shipped configs,
 its releases (``pretrained`` tags: Hugging Face repository, ``quick_gelu``, pixels) in
 ``open_clip_models.json`` (:func:`recorded`; written by tests/fixtures/make_open_clip_models.py),
 and gives a :class:`Source`. :func:`source_preprocess` gives its pixel settings,
-:func:`tokenizer_spec` its tokenizer, and :func:`recorded_timm_trunk` /
-:func:`trunk_from_timm_args` the
-description of a timm image trunk it names (recorded from timm, or from a fixture's
-``timm_model_args``). Nothing is downloaded: a source with no local file says
+:func:`tokenizer_spec` its tokenizer (the timm image trunks the configs name:
+:mod:`.timm_trunks`). Nothing is downloaded: a source with no local file says
 where it looked and what to put there.
 
 The standard library only (no JAX, no PyTorch), so the fixture scripts can run it where
@@ -44,7 +42,8 @@ def recorded() -> dict:
     """The recorded data (``open_clip_models.json``): ``open_clip_version``, ``fields`` (the
     defaults of ``CLIPVisionCfg``, ``CLIPTextCfg``, ``CLIP``'s arguments and
     ``PreprocessCfg``), ``models`` (name: ``model_cfg`` as shipped and ``pretrained``
-    releases) and ``timm_models`` (timm name: the trunk, :func:`recorded_timm_trunk`)."""
+    releases) and ``timm_models`` (timm name: the trunk,
+    :func:`.timm_trunks.recorded_timm_trunk`)."""
     with open(DATA_FILE) as f:
         return json.load(f)
 
@@ -295,94 +294,6 @@ def source_preprocess(source: Source, image_size: int) -> dict:
     return {"mean": [float(v) for v in cfg["mean"]], "std": [float(v) for v in cfg["std"]],
             "resize": cfg["interpolation"], "resize_mode": cfg["resize_mode"],
             "image_size": image_size}
-
-
-
-def recorded_timm_trunk(name: str) -> dict | None:
-    """The recorded description of the timm model ``name`` (None when not recorded):
-    ``class``, and for a ``VisionTransformer`` ``img_size``, ``patch_embed`` (class),
-    ``patch_conv``, ``embed_dim``, ``depth``, ``block`` (heads, MLP, norms, activation,
-    biases, LayerScale...), ``class_token``, ``reg_tokens``, ``pos_embed``, ``pre_norm``,
-    ``final_norm``, ``fc_norm``, ``global_pool``, ``attn_pool`` (tests/fixtures/
-    make_open_clip_models.py reads them from the model timm builds)."""
-    return recorded()["timm_models"].get(name)
-
-
-# timm VisionTransformer's constructor arguments that trunk_from_timm_args reads, with timm's
-# defaults; dropout / init arguments have no effect on the forward pass at inference
-_TIMM_VIT_ARGS = {
-    "img_size": 224, "patch_size": 16, "in_chans": 3, "num_classes": 1000,
-    "global_pool": "token", "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_ratio": 4.0,
-    "qkv_bias": True, "qk_norm": False, "scale_attn_norm": False, "scale_mlp_norm": False,
-    "proj_bias": True, "init_values": None, "class_token": True, "pos_embed": "learn",
-    "no_embed_class": False, "reg_tokens": 0, "pre_norm": False, "final_norm": True,
-    "fc_norm": None, "pool_include_prefix": False, "dynamic_img_size": False,
-    "dynamic_img_pad": False, "act_layer": None, "norm_layer": None,
-}
-_TIMM_TRAINING_ARGS = ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
-                       "attn_drop_rate", "drop_path_rate", "weight_init", "fix_init")
-
-
-def trunk_from_timm_args(args: Mapping[str, Any]) -> dict:
-    """The trunk description (as :func:`recorded_timm_trunk`) of ``timm.models.vision_transformer.
-    VisionTransformer(**args)``, worked out from timm's constructor (timm 1.0: LayerNorm eps
-    1e-6, ``nn.GELU`` unless ``act_layer='gelu_tanh'``, the patch convolution's bias off with
-    ``pre_norm``, fc_norm with the average pools, ``AttentionPoolLatent`` with the tower's
-    heads, MLP ratio, norm and activation for ``global_pool='map'``). For a timm model that is
-    registered outside timm (``timm_model_args`` of a test fixture's ``open_clip_config.json``);
-    an argument it does not know is a :class:`ConfigError`."""
-    unknown = sorted(set(args) - set(_TIMM_VIT_ARGS) - set(_TIMM_TRAINING_ARGS))
-    if unknown:
-        raise ConfigError(f"timm_model_args {unknown} are not read by this converter; it reads "
-                          f"{sorted(_TIMM_VIT_ARGS)} (and ignores the dropout / init "
-                          f"arguments {list(_TIMM_TRAINING_ARGS)})")
-    a = {**_TIMM_VIT_ARGS, **args}
-    if a["act_layer"] not in (None, "gelu", "gelu_tanh") or a["norm_layer"] is not None:
-        raise ConfigError(f"timm_model_args act_layer = {json_text(a['act_layer'])}, norm_layer = "
-                          f"{json_text(a['norm_layer'])}: only the defaults (LayerNorm eps 1e-6, "
-                          "GELU) or act_layer 'gelu_tanh' are read")
-    act = "GELUTanh()" if a["act_layer"] == "gelu_tanh" else "GELU(approximate='none')"
-    norm = {"class": "LayerNorm", "eps": 1e-6, "affine": True, "bias": True}
-    none = {"class": "Identity"}
-    pair = lambda v: list(v) if isinstance(v, list | tuple) else [v, v]  # noqa: E731
-    width, heads = a["embed_dim"], a["num_heads"]
-    hidden = int(width * a["mlp_ratio"])
-    mlp = {"class": "Mlp", "hidden": hidden, "act": act, "norm": none, "bias": [True, True]}
-    patch = pair(a["patch_size"])
-    size = pair(a["img_size"])
-    prefix = int(bool(a["class_token"])) + a["reg_tokens"]
-    grid = (size[0] // patch[0]) * (size[1] // patch[1])
-    fc_norm = a["global_pool"] in ("avg", "avgmax", "max") if a["fc_norm"] is None \
-        else a["fc_norm"]
-    return {
-        "class": "VisionTransformer", "img_size": size, "patch_embed": "PatchEmbed",
-        "patch_size": patch,
-        "patch_conv": {"kernel": patch, "stride": patch, "padding": [0, 0],
-                       "bias": not a["pre_norm"], "in_chans": a["in_chans"]},
-        "patch_norm": none, "dynamic_img_pad": a["dynamic_img_pad"], "embed_dim": width,
-        "depth": a["depth"], "blocks_differ": False,
-        "block": {"class": "Block", "attn_class": "Attention", "heads": heads,
-                  "head_dim": width // heads, "attn_scale": (width // heads) ** -0.5,
-                  "qkv": "fused", "qkv_bias": a["qkv_bias"], "qk_norm": a["qk_norm"],
-                  "attn_norm": a["scale_attn_norm"], "attn_gate": False,
-                  "proj_bias": a["proj_bias"], "layer_scale": a["init_values"] is not None,
-                  "norm1": norm, "norm2": norm,
-                  "mlp": {**mlp, "norm": norm if a["scale_mlp_norm"] else none}},
-        "class_token": bool(a["class_token"]), "reg_tokens": a["reg_tokens"],
-        "no_embed_class": a["no_embed_class"],
-        "pos_embed": None if a["pos_embed"] in ("", "none") else
-        [1, grid + (0 if a["no_embed_class"] else prefix), width],
-        "dynamic_img_size": a["dynamic_img_size"],
-        "pre_norm": norm if a["pre_norm"] else none,
-        "final_norm": norm if a["final_norm"] and not fc_norm else none,
-        "fc_norm": norm if a["final_norm"] and fc_norm else none,
-        "global_pool": a["global_pool"], "pool_include_prefix": a["pool_include_prefix"],
-        "num_classes": a["num_classes"],
-        "attn_pool": None if a["global_pool"] != "map" else {
-            "class": "AttentionPoolLatent", "latent_len": 1, "latent_dim": width,
-            "heads": heads, "q_proj": True, "qkv_bias": True, "qk_norm": False,
-            "pos_embed": False, "pool": "token", "out_proj": True, "norm": norm, "mlp": mlp},
-    }
 
 
 # open_clip's HFTokenizer names whose model is a T5-layout SentencePiece file (SigLIP's c4_en

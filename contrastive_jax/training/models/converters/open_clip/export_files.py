@@ -3,7 +3,7 @@
 in docs/references.md)::
 
     OUT/open_clip_model.safetensors  the state dict open_clip's model holds (float32, every key;
-                                      :func:`~.open_clip_tensors.state_dict_from_params`)
+                                      :func:`~.tensor_layouts.state_dict_from_params`)
     OUT/open_clip_config.json        {"model_cfg": the open_clip model config that builds
                                       exactly this architecture, "preprocess_cfg": mean, std,
                                       interpolation, resize_mode}
@@ -47,7 +47,7 @@ import numpy as np
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.models import architecture_block
-from contrastive_jax.training.models.converters import open_clip_tensors
+from contrastive_jax.training.models.converters.open_clip import tensor_layouts, tensor_rules
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
 CONFIG_FILE = "open_clip_config.json"
@@ -140,7 +140,7 @@ def timm_trunk_for_export(vit: Mapping[str, Any], timm_model_name: str | None = 
     if activation == "quick_gelu":
         raise ConfigError(f"{where}.activation = 'quick_gelu': timm's SigLIP trunks use exact "
                           "or tanh GELU")
-    hidden = open_clip_tensors.hidden_width(vit)
+    hidden = tensor_rules.hidden_width(vit)
     pool = {"map": "map", "mean": "avg"}[vit["pool"]]
     key = (vit["image_size"], vit["patch"], vit["width"], vit["depth"], vit["heads"], hidden,
            activation, pool)
@@ -173,8 +173,8 @@ def model_cfg(model_block: Mapping[str, Any], *, bias: float | None = None,
     the model ``model_block`` describes (see the module docstring), every option converted or
     refused by name (:class:`ConfigError`). ``bias``: ``init_logit_bias`` of a SigLIP model
     (its value; the state dict sets it anyway)."""
-    open_clip_tensors.rules(model_block)  # the layouts' own refusals first
-    model = open_clip_tensors.resolved(model_block)
+    tensor_rules.rules(model_block)  # the layouts' own refusals first
+    model = tensor_rules.resolved(model_block)
     vit, txt = model["sample_encoder"], model["text_encoder"]
     own = [("model.text_encoder", txt)]
     timm_args = None
@@ -182,7 +182,7 @@ def model_cfg(model_block: Mapping[str, Any], *, bias: float | None = None,
         vision = {"image_size": vit["image_size"], "patch_size": vit["patch"],
                   "width": vit["width"], "layers": vit["depth"],
                   "head_width": vit["width"] // vit["heads"]}
-        ratio = mlp_ratio(vit["width"], open_clip_tensors.hidden_width(vit))
+        ratio = mlp_ratio(vit["width"], tensor_rules.hidden_width(vit))
         if ratio != 4.0:
             vision["mlp_ratio"] = ratio
         if not vit["pre_norm"]:
@@ -202,7 +202,7 @@ def model_cfg(model_block: Mapping[str, Any], *, bias: float | None = None,
             vision["timm_proj_bias"] = True
     text = {"context_length": txt["max_tokens"], "vocab_size": txt["vocab_size"],
             "width": txt["width"], "heads": txt["heads"], "layers": txt["depth"]}
-    ratio = mlp_ratio(txt["width"], open_clip_tensors.hidden_width(txt))
+    ratio = mlp_ratio(txt["width"], tensor_rules.hidden_width(txt))
     if ratio != 4.0:
         text["mlp_ratio"] = ratio
     if not txt["causal"]:
@@ -248,7 +248,7 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
            preprocess: Mapping[str, Any] | None = None, *,
            timm_model_name: str | None = None) -> dict[str, Any]:
     """Write ``output/open_clip_model.safetensors``
-    (:func:`~.open_clip_tensors.state_dict_from_params`) and ``output/open_clip_config.json``
+    (:func:`~.tensor_layouts.state_dict_from_params`) and ``output/open_clip_config.json``
     (:func:`model_cfg`, :func:`preprocess_cfg`; with ``timm_model_args`` when the image trunk
     is a timm model you register yourself); the config written. ``output`` must be new or
     empty (nothing is overwritten)."""
@@ -256,12 +256,12 @@ def export(output: str | os.PathLike, model_block: Mapping[str, Any], params: Ma
 
     block = architecture_block(model_block)
     bias = None
-    if open_clip_tensors.resolved(block)["siglip"]:
+    if tensor_rules.resolved(block)["siglip"]:
         leaves = leaves_by_path(params)
         # the shortest decimal that is the float32 value (-4.7, not -4.699999809265137)
         bias = float(str(np.float32(np.asarray(leaves["bias"])))) if "bias" in leaves else None
     cfg, timm_args = model_cfg(block, bias=bias, timm_model_name=timm_model_name)
-    tensors = open_clip_tensors.state_dict_from_params(block, params)
+    tensors = tensor_layouts.state_dict_from_params(block, params)
     config = {"model_cfg": cfg, "preprocess_cfg": preprocess_cfg(preprocess)}
     if timm_args is not None:
         config["timm_model_args"] = timm_args

@@ -12,22 +12,18 @@ everything the state dict's tensors do not show from the config: heads (``head_w
 mask (``no_causal_mask``), ``ln_pre`` (``no_ln_pre``), the projections (``proj_bias``,
 ``proj_type``, ``timm_proj``), ``mlp_ratio``, the image size, and SigLIP's logit bias
 (``init_logit_bias``). Each option is in exactly one of the three tables of
-:mod:`.open_clip_options` (converted, no effect at inference, refused unless at open_clip's
+:mod:`.config_options` (converted, no effect at inference, refused unless at open_clip's
 default).
 
 An option open_clip does not know (not a field of its dataclasses) is refused too. A timm image
 tower (``vision_cfg.timm_model_name``) is described by the timm model it names: the data
-recorded from timm (:func:`.open_clip_sources.recorded_timm_trunk`) or, for a model registered
-outside timm (a test fixture), the ``timm_model_args`` its ``open_clip_config.json`` carries
-(:func:`.open_clip_sources.trunk_from_timm_args`). Only trunks the project's ViT computes
-exactly are converted:
-timm ``VisionTransformer`` s as open_clip's SigLIP configs use them (no class or register
-tokens, a learned position embedding, a patch convolution with bias, plain blocks, LayerNorm,
-exact or tanh GELU, the final norm, timm's ``map`` attention-pool head, ``timm_pool="map"``,
-``timm_proj="none"``).
+recorded from timm or, for a model registered outside timm (a test fixture), the
+``timm_model_args`` its ``open_clip_config.json`` carries; only the trunks the project's ViT
+computes exactly are converted (:mod:`.timm_trunks`: timm ``VisionTransformer`` s as
+open_clip's SigLIP configs use them).
 
 Where a config comes from (a file, a hub directory, the cache, a recorded name):
-:mod:`.open_clip_sources`. The standard library only (no JAX, no PyTorch), so the fixture
+:mod:`.model_sources`. The standard library only (no JAX, no PyTorch), so the fixture
 scripts can run it where open_clip is installed.
 """
 
@@ -39,27 +35,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.open_clip_options import (
+from contrastive_jax.training.models.converters.open_clip.config_options import (
     MODEL_CONVERTED,
     MODEL_NO_EFFECT,
     MODEL_REFUSED,
     TEXT_CONVERTED,
     TEXT_NO_EFFECT,
     TEXT_REFUSED,
-    TIMM_ACTIVATIONS,
-    TIMM_FAMILIES,
     TIMM_SUPPORTED,
     VISION_CONVERTED,
     VISION_NO_EFFECT,
     VISION_REFUSED,
     check_fields,
     refusal,
+    square_size,
 )
-from contrastive_jax.training.models.converters.open_clip_sources import (
+from contrastive_jax.training.models.converters.open_clip.model_sources import (
     json_text,
     recorded,
     recorded_model,
+)
+from contrastive_jax.training.models.converters.open_clip.timm_trunks import (
     recorded_timm_trunk,
+    timm_vision_tower,
     trunk_from_timm_args,
 )
 
@@ -89,16 +87,6 @@ def _layer_norm_eps(norm_kwargs: Any, where: str) -> float:
         raise refusal(f"{where}.norm_kwargs", norm_kwargs, "arguments of torch.nn.LayerNorm",
                       '{"eps": a positive number} (an affine LayerNorm with bias)')
     return float(eps)
-
-
-def _square(value: Any, option: str, what: str) -> int:
-    """An int, or a pair of equal ints, as one int."""
-    if isinstance(value, list | tuple) and len(value) == 2 and value[0] == value[1]:
-        value = value[0]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise refusal(option, value, f"the ViT takes square {what}", "a positive int or "
-                      "[n, n]")
-    return value
 
 
 def _heads(width: int, heads: Any, option: str, value: Any) -> int:
@@ -139,8 +127,8 @@ def _vision_own(cfg: dict, quick_gelu: bool) -> dict:
     if not isinstance(width, int) or not isinstance(head_width, int) or head_width < 1:
         raise refusal(f"{w}.head_width", head_width, "the heads' width", "a positive int")
     heads = _heads(width, width // head_width, f"{w}.head_width", head_width)
-    size = _square(cfg["image_size"], f"{w}.image_size", "images")
-    patch = _square(cfg["patch_size"], f"{w}.patch_size", "patches")
+    size = square_size(cfg["image_size"], f"{w}.image_size", "images")
+    patch = square_size(cfg["patch_size"], f"{w}.patch_size", "patches")
     if size % patch:
         raise refusal(f"{w}.image_size", cfg["image_size"], f"open_clip drops the last "
                       f"{size % patch} pixel rows and columns (not a multiple of the patch "
@@ -195,110 +183,6 @@ def _text(cfg: dict, quick_gelu: bool, embed_dim: int) -> tuple[dict, str]:
     return tower, "linear_bias" if cfg["proj_bias"] else "linear"
 
 
-def _timm_vision(cfg: dict, trunk: Mapping[str, Any], embed_dim: int) -> dict:
-    """A timm trunk (``cfg``: vision_cfg with defaults; ``trunk``: its description) as a
-    ``vit`` block, or the :class:`ConfigError` naming what the ViT does not compute."""
-    name = cfg["timm_model_name"]
-    option = "vision_cfg.timm_model_name"
-
-    def no(what: str):
-        return refusal(option, name, what, TIMM_SUPPORTED)
-
-    cls = trunk.get("class")
-    if cls != "VisionTransformer":
-        raise no(TIMM_FAMILIES.get(cls, f"a timm {cls}, not a VisionTransformer"))
-    if trunk["patch_embed"] != "PatchEmbed":
-        raise no(f"its patch embedding is a {trunk['patch_embed']} (a convolutional stem), not "
-                 "one patch convolution")
-    if trunk["reg_tokens"]:
-        raise no(f"{trunk['reg_tokens']} register tokens")
-    if trunk["class_token"]:
-        raise no("a class token (timm's CLIP-style ViT; the converter takes open_clip's own "
-                 "VisionTransformer for that)")
-    block = trunk["block"]
-    norms = [block["norm1"], block["norm2"], trunk["final_norm"]]
-    checks = [
-        (trunk["pos_embed"] is None, "no position embedding"),
-        (trunk["dynamic_img_size"] or trunk["dynamic_img_pad"],
-         "dynamic image sizes (position embeddings resampled per input)"),
-        (trunk["pre_norm"]["class"] != "Identity", "a LayerNorm before the blocks (norm_pre)"),
-        (trunk.get("blocks_differ", False), "blocks that differ from one another"),
-        (block["class"] != "Block" or block["attn_class"] != "Attention",
-         f"{block['class']} blocks with {block['attn_class']} attention"),
-        (block["mlp"]["class"] != "Mlp", f"a {block['mlp']['class']} MLP (gated)"),
-        (block["layer_scale"], "LayerScale"),
-        (block["qk_norm"], "qk-norm"),
-        (block["attn_norm"] or block["mlp"]["norm"]["class"] != "Identity",
-         "extra LayerNorms in the attention or MLP"),
-        (block["attn_gate"], "a gated attention"),
-        (not block["qkv_bias"] or not block["proj_bias"] or block["mlp"]["bias"] != [True, True],
-         "projections without bias"),
-        (not math.isclose(block["attn_scale"], block["head_dim"] ** -0.5, rel_tol=1e-12),
-         "an attention scale other than 1 / sqrt(head width)"),
-        (trunk["fc_norm"]["class"] != "Identity", "a norm after the pooling (fc_norm)"),
-        (trunk["final_norm"]["class"] == "Identity", "no final norm"),
-        (any(n["class"] != "LayerNorm" or not n.get("affine", True) or not n.get("bias", True)
-             for n in norms), f"{block['norm1']['class']} norms (not an affine LayerNorm with "
-                              "bias)"),
-        (trunk["global_pool"] != "map" or trunk["attn_pool"] is None,
-         f"global_pool {trunk['global_pool']!r} (the ViT pools with the 'map' head)"),
-    ]
-    for failed, what in checks:
-        if failed:
-            raise no(what)
-    conv = trunk["patch_conv"] or {}
-    patch = trunk["patch_size"]
-    if not (patch[0] == patch[1] and conv.get("kernel") == patch and conv.get("stride") == patch
-            and conv.get("padding") in ([0, 0], 0, "valid") and conv.get("bias")):
-        raise no(f"a patch convolution {conv} other than one {patch} kernel with bias at "
-                 "stride = kernel")
-    pool = trunk["attn_pool"]
-    act = TIMM_ACTIVATIONS.get(block["mlp"]["act"])
-    if act is None:
-        raise no(f"the activation {block['mlp']['act']}")
-    eps = block["norm1"]["eps"]
-    if any(n.get("eps") != eps for n in (*norms, pool["norm"])):
-        raise no("LayerNorms with different epsilons")
-    width, heads, hidden = trunk["embed_dim"], block["heads"], block["mlp"]["hidden"]
-    if (pool["class"] != "AttentionPoolLatent" or pool["latent_len"] != 1
-            or pool["latent_dim"] != width or not pool["q_proj"] or not pool["qkv_bias"]
-            or pool["qk_norm"] or pool["pos_embed"] or pool["pool"] != "token"
-            or not pool["out_proj"] or pool["heads"] != heads or pool["mlp"] is None
-            or pool["mlp"]["hidden"] != hidden or pool["mlp"]["act"] != block["mlp"]["act"]
-            or pool["norm"]["class"] != "LayerNorm"):
-        raise no(f"an attention-pool head {pool} other than timm's AttentionPoolLatent with "
-                 "one latent query and the tower's heads, MLP, norm and activation")
-    size = trunk["img_size"]
-    if size[0] != size[1]:
-        raise no(f"non-square images {size}")
-    if size[0] % patch[0]:
-        raise no(f"{size[0]}-pixel images, not a multiple of the patch {patch[0]}: timm's "
-                 f"patch convolution drops the last {size[0] % patch[0]} pixel rows and "
-                 "columns, which the ViT does not (open_clip's '-378' configs are the "
-                 "corrected SO400M/14 models)")
-    if _square(cfg["image_size"], "vision_cfg.image_size", "images") != size[0]:
-        raise refusal("vision_cfg.image_size", cfg["image_size"], f"the timm trunk {name!r} "
-                      f"is built for {size[0]} pixels (open_clip's TimmModel uses the trunk's "
-                      "size; set_input_size is not converted)", json_text(size[0]))
-    if cfg["timm_pool"] != "map":
-        raise refusal("vision_cfg.timm_pool", cfg["timm_pool"], "the trunk's pooling as "
-                      "open_clip rebuilds it", '"map" (timm\'s attention-pool head)')
-    if cfg["timm_proj"] != "none":
-        raise refusal("vision_cfg.timm_proj", cfg["timm_proj"], "open_clip's head after the "
-                      "timm trunk", '"none" (the trunk\'s features are the embedding)')
-    if width != embed_dim:
-        raise refusal("embed_dim", embed_dim, f"with timm_proj 'none' the image features are "
-                      f"the trunk's {width} wide", json_text(width))
-    tower = {"name": "vit", "image_size": size[0], "patch": patch[0],
-             "in_channels": conv.get("in_chans", 3), "width": width, "depth": trunk["depth"],
-             "heads": heads, "mlp_ratio": 4}
-    if hidden != 4 * width:
-        tower["mlp_width"] = hidden
-    tower.update({"features": None, "activation": act, "layer_norm_eps": float(eps),
-                  "class_token": False, "pre_norm": False, "pool": "map", "patch_bias": True})
-    return tower
-
-
 # --- the model block ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +203,7 @@ def model_block(model_cfg: Mapping[str, Any], *,
 
     ``timm_args``: the constructor arguments of a timm trunk that is not in the recorded data
     (``timm_model_args`` of a fixture's ``open_clip_config.json``,
-    :func:`.open_clip_sources.trunk_from_timm_args`). ``init_temperature`` / ``init_bias`` come from
+    :func:`.timm_trunks.trunk_from_timm_args`). ``init_temperature`` / ``init_bias`` come from
     ``init_logit_scale`` / ``init_logit_bias``; a converter replaces them with the
     checkpoint's values.
     """
@@ -361,7 +245,7 @@ def model_block(model_cfg: Mapping[str, Any], *,
                           f"the recorded data (timm {recorded()['timm_version']}) does not "
                           "describe this timm model, and its open_clip_config.json has no "
                           "timm_model_args", f"{TIMM_SUPPORTED}; recorded: {known}")
-        sample = _timm_vision(vision, trunk, embed_dim)
+        sample = timm_vision_tower(vision, trunk, embed_dim)
         sample_projection = "none"
     else:
         notes += check_fields(vision_in, "vision_cfg", fields["vision_cfg"], VISION_CONVERTED,

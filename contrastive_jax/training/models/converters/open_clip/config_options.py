@@ -3,7 +3,7 @@ docs/references.md; docs/open_clip_models.md lists them with open_clip's default
 
 * converted (:data:`VISION_CONVERTED`, :data:`TEXT_CONVERTED`, :data:`MODEL_CONVERTED`): the
   ``dual_encoder`` block computes what open_clip computes
-  (:func:`~.open_clip_config.model_block`);
+  (:func:`~.model_configs.model_block`);
 * no effect on the features at inference (:data:`VISION_NO_EFFECT`, :data:`TEXT_NO_EFFECT`,
   :data:`MODEL_NO_EFFECT`): training-only settings (dropout, patch dropout, stochastic depth),
   initial values the checkpoint replaces, the tokenizer (not part of the model), settings
@@ -13,7 +13,7 @@ docs/references.md; docs/open_clip_models.md lists them with open_clip's default
   vision_cfg.X = V is not supported (why; supported: ...)``.
 
 An option open_clip does not know (not a field of its dataclasses) is refused too
-(:func:`check_fields`). The standard library only, as :mod:`.open_clip_sources`.
+(:func:`check_fields`). The standard library only, as :mod:`.model_sources`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.models.converters.open_clip_sources import json_text, recorded
+from contrastive_jax.training.models.converters.open_clip.model_sources import json_text, recorded
 
 TIMM_SUPPORTED = ("a timm VisionTransformer as open_clip's SigLIP configs use it: no class or "
                   "register tokens, a learned position embedding, one patch convolution with "
@@ -184,3 +184,14 @@ def check_fields(cfg: Mapping[str, Any], where: str, known: Mapping[str, Any],
             notes.append(f"{where}.{key} = {json_text(value)}: no effect at inference "
                          f"({no_effect[key]})")
     return notes
+
+
+def square_size(value: Any, option: str, what: str) -> int:
+    """An int, or a pair of equal ints, as one int (an image or patch size of the square ViT);
+    anything else is the :func:`refusal` of ``option``."""
+    if isinstance(value, list | tuple) and len(value) == 2 and value[0] == value[1]:
+        value = value[0]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise refusal(option, value, f"the ViT takes square {what}", "a positive int or "
+                      "[n, n]")
+    return value
