@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -152,7 +153,14 @@ def build_pretrained_model(model: Mapping[str, Any], params: Any, *, dtype: str 
     return shell
 
 
-def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None = None,
+class CheckpointFallbackWarning(UserWarning):
+    """:func:`load_pretrained` of a trainer workdir used an older checkpoint than the newest:
+    the newer ones cannot be read, do not match their checksums or hold non-finite numbers
+    (the message says which and why)."""
+
+
+def load_pretrained(path_or_name: str | os.PathLike | PretrainedSource, *,
+                    pretrained: str | None = None,
                     tokenizer: str | os.PathLike | bool | None = None,
                     dtype: str = "float32", image_size: int | None = None,
                     max_tokens: int | None = None, step: int | None = None):
@@ -170,12 +178,26 @@ def load_pretrained(path_or_name: str | os.PathLike, *, pretrained: str | None =
     ``force_image_size``): the ViT's position table resampled bicubically to the new patch grid
     and the preprocess resizing to it, the text table truncated to the shorter context (a
     longer one is refused); docs/pretrained.md, "Another image size or context". ``step``: a
-    trainer workdir's checkpoint of that step (default: the latest usable). A big_vision
+    trainer workdir's checkpoint of that step (default: the latest usable: a newer one that
+    cannot be read, does not match the checksums saved with it or holds non-finite numbers is
+    passed over with a :class:`CheckpointFallbackWarning` naming it and why).
+    ``path_or_name`` may also be a :class:`PretrainedSource` that :func:`read_source` gave (its
+    weights read here if not yet, nothing warned: its ``skipped`` says what was passed
+    over; the evaluation command reports it). A big_vision
     SigLIP ``.npz`` file is converted in memory
     (:func:`~contrastive_jax.training.models.converters.big_vision_import.convert_npz`; its
     tokenizer: ``tokenizer=`` the SigLIP ``spiece.model``).
     """
-    source = with_weights(read_source(path_or_name, pretrained=pretrained, step=step))
+    if isinstance(path_or_name, PretrainedSource):
+        if pretrained is not None or step is not None:
+            raise ConfigError("pretrained= and step= choose what a path is read as; a "
+                              "PretrainedSource has been read already: give neither")
+        source = with_weights(path_or_name)
+    else:
+        source = with_weights(read_source(path_or_name, pretrained=pretrained, step=step))
+        for why in source.skipped:
+            warnings.warn(f"{source.location}: {why}; using step {source.step}, the newest "
+                          "usable checkpoint", CheckpointFallbackWarning, stacklevel=2)
     if source.model.get("name") != "dual_encoder":
         raise ConfigError(f"{source.description} holds a {source.model.get('name')!r} model; "
                           "load_pretrained gives dual encoders (image and text towers)")
@@ -313,6 +335,6 @@ def zero_shot_classifier(model, tokenizer: TextTokenizer, class_names: Sequence[
     return zero_shot_weights(embeddings)
 
 
-__all__ = ["ImagePreprocess", "PretrainedSource", "TextTokenizer", "build_pretrained_model",
-           "evaluate_pretrained", "load_pretrained", "read_source", "with_weights",
-           "zero_shot_classifier"]
+__all__ = ["CheckpointFallbackWarning", "ImagePreprocess", "PretrainedSource", "TextTokenizer",
+           "build_pretrained_model", "evaluate_pretrained", "load_pretrained", "read_source",
+           "with_weights", "zero_shot_classifier"]

@@ -22,13 +22,14 @@ import shutil
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 from test_clip_export import TINY_TIMM
 from test_train import load_config
 
 from contrastive_jax import clip_export
-from contrastive_jax.pretrained import ImagePreprocess, load_pretrained
+from contrastive_jax.pretrained import CheckpointFallbackWarning, ImagePreprocess, load_pretrained
 from contrastive_jax.training.models import build_model
 from contrastive_jax.training.parameter_paths import leaves_by_path
 from contrastive_jax.training.run import init_from
@@ -128,3 +129,11 @@ def test_a_workdir_of_today_resumes_and_loads_at_any_step(tmp_path):
     assert ids.shape == (1, config.model.text_encoder.max_tokens)
     words = load_tokenizer({"kind": "words", "path": ""})
     assert words.decode(ids) == ["a signal of the digit three"]
+    # checkpoint 4 no longer matches its checksums (its record swapped for step 2's, as if its
+    # arrays had changed): the latest usable is step 2, said with a warning, not step 4
+    record = workdir / "checkpoints" / "4" / "checksums" / "metadata"
+    record.write_text((workdir / "checkpoints" / "2" / "checksums" / "metadata").read_text())
+    with pytest.warns(CheckpointFallbackWarning, match=r"step 4: it does not match the "
+                      r"checksums .*; using step 2, the newest usable checkpoint"):
+        fallback, _, _ = load_pretrained(workdir)
+    assert rel_error(embed(fallback, signal), expected["embed_samples"]) < 1e-5

@@ -208,6 +208,50 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
         assert differs.any(axis=1).sum() == 1, name  # that leaf's row, no other
 
 
+def test_the_host_checksums_equal_the_devices_and_a_partial_read_is_checked_by_name(
+        tmp_path, monkeypatch):
+    """The readers of pretrained weights sum host arrays in NumPy (a float64 leaf stays
+    float64 whatever x64 says): the same numbers as the devices' program, chunk by chunk
+    (a chunk of 5 words here). A partial tree (parameters and statistics only) is checked leaf
+    by leaf against a record of today's format, and as a sub-multiset of a record before 0.3
+    (a list in tree order); one changed sum, or a record that is not JSON, is a mismatch; a
+    checkpoint without a record has nothing to check."""
+    import json
+
+    import jax
+
+    from contrastive_jax.training.run import state_checksums as sc
+
+    rng = np.random.default_rng(1)
+    tree = {"params": {"w": rng.standard_normal((16, 6)).astype(np.float32),
+                       "columns": rng.standard_normal((6, 3))},  # float64
+            "rest": {"mean": rng.standard_normal(7).astype(np.float32)},
+            "opt_state": {"mu": rng.standard_normal((16, 6)).astype(np.float32)},
+            "step": np.int32(3), "mask": rng.random(9) > 0.5}
+    monkeypatch.setattr(sc, "_CHUNK", 5)
+    with jax.enable_x64(True):
+        on_devices = sc.checksum_record(tree)
+    assert sc.host_checksum_record(tree) == on_devices
+    assert list(on_devices.values()) == ravelled_checksums(tree).tolist()
+
+    partial = {"params": tree["params"], "rest": tree["rest"]}
+    step = tmp_path / "7"
+    assert sc.checksums_mismatch(step, partial, partial=True) is None  # saved before checksums
+    (step / "checksums").mkdir(parents=True)
+    record = step / "checksums" / "metadata"
+    for saved in ({"leaves": on_devices}, {"state": ravelled_checksums(tree).tolist()}):
+        record.write_text(json.dumps(saved))
+        assert sc.checksums_mismatch(step, partial, partial=True) is None
+        assert sc.checksums_mismatch(step, tree) is None
+        changed = {"params": {**tree["params"], "w": tree["params"]["w"] * 2}, "rest":
+                   tree["rest"]}
+        assert "does not match the checksums" in sc.checksums_mismatch(step, changed,
+                                                                       partial=True)
+    record.write_text('{"leaves": ')
+    assert "its checksum record cannot be read" in sc.checksums_mismatch(step, partial,
+                                                                         partial=True)
+
+
 def ravelled_checksums(tree) -> np.ndarray:
     """The checksums as checkpoints before 0.3 recorded them, by the obvious NumPy formula:
     each leaf's bytes as unsigned words in row-major order (8-byte values: two words), their

@@ -287,6 +287,46 @@ def test_an_unrolled_checkpoint_restores_into_the_scanned_layout_and_back(tmp_pa
         restored(fixture_config(depth=3), workdir)
 
 
+def test_a_template_placed_by_device_put_restores_the_other_layout_and_nothing_sound_is_set_aside(
+        tmp_path, monkeypatch):
+    """restore_latest is a library function: a template placed with a plain
+    ``jax.device_put`` (one device, not the trainer's named shardings) takes the unrolled
+    fixture into the scanned layout, the same arrays as the trainer's template gets (it raised
+    inside the restore, and a second, older checkpoint would have been resumed with the sound
+    one moved aside as damaged). And a sound checkpoint whose restore into the template fails
+    for any reason is never moved aside: with an older one restorable, the restore stops
+    naming it, nothing moved."""
+    from contrastive_jax.training import train
+    from contrastive_jax.training.run import checkpoints
+
+    workdir = tmp_path / "run"
+    shutil.copytree(FIXTURE, workdir, ignore=shutil.ignore_patterns("expected.json"))
+    sharded, _ = restored(fixture_config(), workdir)
+    run, template = train.prepare_run(fixture_config(), workdir)
+    placed = jax.device_put(jax.device_get(template))  # one device, no NamedSharding
+    manager = checkpoints.manager(workdir, every=1, keep=5)
+    state, step = checkpoints.restore_latest(manager, placed, run.stream)
+    assert step == 3
+    assert all(np.array_equal(v, flat(sharded)[k]) for k, v in flat(state).items())
+    checkpoints.save(manager, 5, state, run.stream, force=True)  # a newer one, sound
+    manager.wait_until_finished()
+    real_restore = manager.restore
+
+    def failing_restore(step, *args, **kwargs):
+        if step == 5:
+            raise RuntimeError("the template does not fit")
+        return real_restore(step, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "restore", failing_restore)
+    with pytest.raises(CheckpointError, match=r"checkpoint 5 in .* reads and matches its "
+                       r"checksums, but restoring it into this run's state failed "
+                       r"\(RuntimeError: the template does not fit\); nothing was moved"):
+        checkpoints.restore_latest(manager, placed, run.stream, warn=lambda _: None)
+    manager.close()
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["3", "5"]
+    assert not (workdir / checkpoints.SET_ASIDE).exists()
+
+
 def test_the_unrolled_fixture_resumes_scanned(tmp_path):
     """Resumed by today's command line in today's default layout (scanned: the checkpoint's
     unrolled blocks moved into it), the run ends at the loss the uninterrupted run of 0.2.0

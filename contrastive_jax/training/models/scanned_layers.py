@@ -200,24 +200,35 @@ def unrolled(leaves: Mapping[str, Any], **functions) -> dict[str, Any]:
     return to_layout(leaves, like, **functions)
 
 
+def _moved_sharding(sharding, spec_of):
+    """A leaf's sharding in the other layer layout: a named sharding's spec through
+    ``spec_of``; one that places every element on every device it uses (a single device, a
+    replicated state) is valid for any shape, so it stays; None stays None."""
+    if sharding is None:
+        return None
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(
+            sharding.mesh, jax.sharding.PartitionSpec(*spec_of(tuple(sharding.spec))))
+    if sharding.is_fully_replicated:
+        return sharding
+    raise ValueError(f"a leaf placed by a {type(sharding).__name__} that splits it cannot be "
+                     "moved into the other layer layout; place the state with NamedShardings")
+
+
 def abstract_stack(structs: list) -> jax.ShapeDtypeStruct:
-    """:func:`to_layout`'s ``stack`` for shape structs with named shardings: ``(n, *shape)``,
-    the layer axis not split."""
+    """:func:`to_layout`'s ``stack`` for shape structs: ``(n, *shape)``, the layer axis not
+    split (a named sharding gains a leading ``None``; a single-device or replicated one is
+    kept)."""
     first = structs[0]
-    sharding = getattr(first, "sharding", None)
-    if sharding is not None:
-        sharding = jax.sharding.NamedSharding(sharding.mesh,
-                                              jax.sharding.PartitionSpec(None, *sharding.spec))
+    sharding = _moved_sharding(getattr(first, "sharding", None), lambda spec: (None, *spec))
     return jax.ShapeDtypeStruct((len(structs), *first.shape), first.dtype, sharding=sharding)
 
 
 def abstract_row(struct: jax.ShapeDtypeStruct, index: int) -> jax.ShapeDtypeStruct:
-    """:func:`to_layout`'s ``row`` for a shape struct with a named sharding: ``shape[1:]``,
-    the spec without its (unsplit) layer axis."""
+    """:func:`to_layout`'s ``row`` for a shape struct: ``shape[1:]``, a named sharding's spec
+    without its (unsplit) layer axis (a single-device or replicated one is kept)."""
     del index
-    sharding = getattr(struct, "sharding", None)
-    if sharding is not None:
-        spec = tuple(sharding.spec) + (None,) * (len(struct.shape) - len(sharding.spec))
-        sharding = jax.sharding.NamedSharding(sharding.mesh,
-                                              jax.sharding.PartitionSpec(*spec[1:]))
+    rank = len(struct.shape)
+    sharding = _moved_sharding(getattr(struct, "sharding", None),
+                               lambda spec: (*spec, *(None,) * (rank - len(spec)))[1:])
     return jax.ShapeDtypeStruct(struct.shape[1:], struct.dtype, sharding=sharding)

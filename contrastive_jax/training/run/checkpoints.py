@@ -20,6 +20,7 @@ each object followed by a delete (an object store has no rename).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import Any
 import grain
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -47,7 +49,12 @@ from contrastive_jax.training.run.launch.process_count import (
     resplit_position,
     saved_process_count,
 )
-from contrastive_jax.training.run.state_checksums import checksum_record, state_checksums
+from contrastive_jax.training.run.state_checksums import (
+    CHECKSUMS,
+    CHECKSUMS_FILE,
+    checksum_record,
+    checksums_mismatch,
+)
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
 from contrastive_jax.training.step.train_state import all_finite
 
@@ -74,7 +81,7 @@ def manager(workdir: str | os.PathLike, *, every: int, keep: int,
     # restore (restore_latest reads it to find the layout a checkpoint was written in)
     return ocp.CheckpointManager(directory, options=options, item_handlers={
         "state": ocp.StandardCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler(),
-        "checksums": ocp.JsonCheckpointHandler()})
+        CHECKSUMS: ocp.JsonCheckpointHandler(filename=CHECKSUMS_FILE)})
 
 
 def _check_writable(directory: epath.Path) -> None:
@@ -223,8 +230,15 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_template)
     failures, damaged = [], []
     for step in steps:
+        # the target is built from the template and the checkpoint's metadata: an error here
+        # is the template's (e.g. shardings that cannot take the other layer layout), not
+        # damage, so it is raised as it is and nothing is moved
         try:
             target, into_template = _restore_target(mgr, step, abstract)
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint {step} in {mgr.directory} holds the other layout "
+                                  f"of a tower's blocks, and {err}; nothing was moved") from None
+        try:
             if resplit:
                 restored = mgr.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target)))
@@ -240,9 +254,10 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                  "trying the previous one")
             damaged.append((step, "damaged"))
             continue
-        if not _checksums_match(mgr, step, restored["state"]):
-            warn(f"warning: checkpoint {step} in {mgr.directory} does not match the checksums "
-                 "recorded when it was saved (damaged files); trying the previous one")
+        mismatch = checksums_mismatch(epath.Path(mgr.directory) / str(step), restored["state"])
+        if mismatch:
+            warn(f"warning: checkpoint {step} in {mgr.directory}: {mismatch}; trying the "
+                 "previous one")
             damaged.append((step, "damaged"))
             continue
         state = into_template(restored["state"])
@@ -251,6 +266,7 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
                  "trying the previous one")
             damaged.append((step, "non-finite"))
             continue
+        _refuse_to_set_aside_sound(mgr, failures)
         for reason in ("damaged", "non-finite"):
             set_aside(mgr, [s for s, r in damaged if r == reason], reason, warn=warn)
         return state, step
@@ -259,6 +275,52 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
             f"every checkpoint in {mgr.directory} (steps {steps}) holds non-finite numbers (a "
             "diverged run). Move them away or use a new --workdir to start over.")
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
+
+
+def read_on_host(directory: str | os.PathLike, keys: tuple[str, ...] | None = None):
+    """An orbax PyTree checkpoint item (``checkpoints/<step>/state``) as host NumPy arrays in
+    the layout it was saved in, without a template (its own metadata gives the tree), only the
+    top-level ``keys`` if given. Raises what orbax raises for files it cannot read."""
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(directory)
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    if tree is None:
+        raise CheckpointError(f"{directory} holds no readable checkpoint metadata")
+    if keys is not None:
+        tree = {k: tree[k] for k in keys if k in tree}
+    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=keys is not None))
+
+
+def _sound_on_its_own(mgr: ocp.CheckpointManager, step: int) -> bool:
+    """Whether checkpoint ``step`` reads on the host without a template and matches its
+    checksums, and its data position files are JSON: files that are intact."""
+    folder = epath.Path(mgr.directory) / str(step)
+    try:
+        state = read_on_host(folder / "state")
+        for path in (folder / "data").glob("*.json"):
+            json.loads(path.read_text())
+    except Exception:
+        return False
+    return checksums_mismatch(folder, state) is None
+
+
+def _refuse_to_set_aside_sound(mgr: ocp.CheckpointManager, failures) -> None:
+    """Before newer checkpoints that failed to restore are moved aside as damaged: a
+    :class:`CheckpointError` if one of them is sound on its own (:func:`_sound_on_its_own`),
+    i.e. the restore into this template failed, not the files (a library caller's template,
+    another layout): a sound checkpoint is never set aside, nor silently passed over for an
+    older one."""
+    for step, err in failures:
+        if _sound_on_its_own(mgr, step):
+            raise CheckpointError(
+                f"checkpoint {step} in {mgr.directory} reads and matches its checksums, but "
+                f"restoring it into this run's state failed ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:300] if str(err) else ''}); nothing was moved. "
+                "Resume it with the config (and state shardings) that wrote it.")
 
 
 def _named_leaves(tree) -> dict[str, Any]:
@@ -300,26 +362,6 @@ def _restore_target(mgr: ocp.CheckpointManager, step: int, abstract):
         return jax.tree.unflatten(treedef, [flat[k] for k in names])
 
     return target, into_template
-
-
-def _checksums_match(mgr: ocp.CheckpointManager, step: int, state) -> bool:
-    """Whether the restored ``state`` (in the layout it was saved in) has the
-    :func:`state_checksums` saved with it: per leaf name (``{"leaves": ...}``), or, as
-    versions before 0.3 recorded them, a list in the state's tree order (``{"state": ...}``;
-    compared as a whole when the tree is the saved one, as a multiset when only the leaf
-    order can differ). True for a checkpoint saved without them."""
-    if not (epath.Path(mgr.directory) / str(step) / "checksums").exists():
-        return True
-    try:
-        saved = mgr.restore(step, args=ocp.args.Composite(
-            checksums=ocp.args.JsonRestore()))["checksums"]
-    except Exception:  # the record itself is damaged
-        return False
-    if "leaves" in saved:
-        return saved["leaves"] == checksum_record(state)
-    now = jax.device_get(state_checksums(state)).tolist()
-    old = saved.get("state") or []
-    return old == now or sorted(map(tuple, old)) == sorted(map(tuple, now))
 
 
 def _paths(tree) -> set[str]:

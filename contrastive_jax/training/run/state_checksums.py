@@ -1,18 +1,36 @@
-"""Checksums of a train state, saved with each checkpoint and checked at restore.
+"""Checksums of a train state, saved with each checkpoint and checked wherever one is read.
 
 Orbax reads changed array bytes without complaint, so each checkpoint also records, per leaf,
-two integer sums of the leaf's bits (:func:`state_checksums`); a restore compares them
-(:mod:`contrastive_jax.training.run.checkpoints`). Integer sums are exact in any order: the
-numbers do not depend on how a leaf is sharded or on the mesh it is restored onto, and a
-flipped byte changes them (tests/test_reliability.py).
+two integer sums of the leaf's bits (:func:`state_checksums`, in
+``checkpoints/<step>/checksums/metadata``). Integer sums are exact in any order: the numbers
+do not depend on how a leaf is sharded or on the mesh it is restored onto, and a flipped byte
+changes them (tests/test_reliability.py).
+
+:func:`checksums_mismatch` is the one check of a read-back tree against that record, shared by
+every reader: the trainer's restore (the whole state, on the devices:
+:mod:`contrastive_jax.training.run.checkpoints`) and the pretrained-source reader behind
+``evaluate --model=WORKDIR``, ``load_pretrained``, ``clip_export`` and ``model.init_from``
+(its parameters and BatchNorm statistics only, NumPy arrays on the host:
+:mod:`contrastive_jax.training.models.converters.pretrained_source`), which sums host arrays
+with :func:`host_checksum_record`, the same numbers in NumPy.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from etils import epath
 
 from contrastive_jax.training.parameter_paths import leaves_by_path
+
+CHECKSUMS = "checksums"  # the checkpoint item (a folder beside state/ and data/)
+CHECKSUMS_FILE = "metadata"  # its JSON file (orbax's JsonCheckpointHandler's default name)
 
 
 @jax.jit
@@ -76,3 +94,94 @@ def checksum_record(state) -> dict[str, list[int]]:
     """``{leaf name: [sum, weighted sum]}`` of :func:`state_checksums` (a device sync)."""
     names = list(leaves_by_path(state, drop_value=True))
     return dict(zip(names, jax.device_get(state_checksums(state)).tolist(), strict=True))
+
+
+_CHUNK = 1 << 22  # words summed at a time on the host (bounded temporaries)
+
+
+def _host_leaf_sums(leaf) -> list[int]:
+    """:func:`_leaf_sums` of one host array in NumPy: the same two numbers, for any dtype
+    (float64 included, whatever ``jax_enable_x64`` says), summed in uint64 (which wraps mod
+    2^64, so mod 2^32 the sums are exact) a chunk of words at a time."""
+    x = np.ascontiguousarray(np.asarray(leaf))
+    if x.dtype == np.bool_:
+        x = x.astype(np.uint8)
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}[x.dtype.itemsize]
+    words = x.reshape(-1).view(unsigned)  # 8 bytes: two words each, in memory order
+    total = weighted = np.uint64(0)
+    with np.errstate(over="ignore"):
+        for start in range(0, words.size, _CHUNK):
+            chunk = words[start:start + _CHUNK].astype(np.uint64)
+            index = np.arange(start, start + chunk.size, dtype=np.uint64)
+            total += chunk.sum(dtype=np.uint64)
+            weighted += ((2 * index + 1) * chunk).sum(dtype=np.uint64)
+    return [int(total % 2**32), int(weighted % 2**32)]
+
+
+def host_checksum_record(tree) -> dict[str, list[int]]:
+    """:func:`checksum_record` of a tree of host (NumPy) arrays, computed on the host: the
+    same numbers as the devices give, without moving the arrays (or narrowing 64-bit ones)
+    through JAX."""
+    return {name: _host_leaf_sums(leaf)
+            for name, leaf in leaves_by_path(tree, drop_value=True).items()}
+
+
+class DamagedChecksums(Exception):
+    """The checksum record of a checkpoint exists but cannot be read."""
+
+
+def saved_checksums(step_dir: str | os.PathLike) -> Mapping[str, Any] | None:
+    """The checksum record saved with the checkpoint ``step_dir`` (``checkpoints/<step>``),
+    or None for a checkpoint saved before checksums existed. :class:`DamagedChecksums` when
+    the record is there but unreadable (truncated, not JSON, not a record)."""
+    folder = epath.Path(step_dir) / CHECKSUMS
+    if not folder.exists():
+        return None
+    try:
+        record = json.loads((folder / CHECKSUMS_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise DamagedChecksums(f"{folder}: {err}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("leaves", record.get("state")),
+                                                      dict | list):
+        raise DamagedChecksums(f"{folder} holds no checksum record")
+    return record
+
+
+def checksums_mismatch(step_dir: str | os.PathLike, tree, *, partial: bool = False
+                       ) -> str | None:
+    """Why ``tree``, read back from the checkpoint ``step_dir`` in the layout it was saved in,
+    does not match the checksums saved with it; None when it does (or the checkpoint has none:
+    saved before checksums existed).
+
+    ``tree``: the whole train state on the devices (the trainer's restore; summed by
+    :func:`state_checksums`), or with ``partial`` some of its top-level entries as host arrays
+    (a reader of ``params`` and ``rest`` only; summed by :func:`host_checksum_record`), each
+    leaf compared with the number saved under its name. Versions before 0.3 recorded a list in
+    the state's tree order (``{"state": [...]}``): the whole state is compared as that list,
+    or as a multiset when only the leaf order can differ; a partial tree's sums must each be
+    in it.
+    """
+    try:
+        saved = saved_checksums(step_dir)
+    except DamagedChecksums as err:
+        return f"its checksum record cannot be read ({err})"
+    if saved is None:
+        return None
+    host = partial or all(isinstance(x, np.ndarray | np.generic) for x in jax.tree.leaves(tree))
+    now = host_checksum_record(tree) if host else checksum_record(tree)
+    damaged = "it does not match the checksums recorded when it was saved (damaged files)"
+    if "leaves" in saved:
+        recorded = saved["leaves"]
+        if partial:
+            return None if all(recorded.get(k) == v for k, v in now.items()) else damaged
+        return None if recorded == now else damaged
+    old, values = saved.get("state") or [], list(now.values())
+    if partial:
+        remaining = [tuple(v) for v in old]
+        for value in map(tuple, values):
+            if value not in remaining:
+                return damaged
+            remaining.remove(value)
+        return None
+    return None if old == values or sorted(map(tuple, old)) == sorted(map(tuple, values)) \
+        else damaged

@@ -23,9 +23,10 @@ open_clip     an open_clip hub directory, a Hugging Face   ``open_clip_config.js
 ============  ===========================================  =====================================
 
 and :func:`with_weights` reads its parameters: a converted directory's ``params/``, a
-workdir's newest usable checkpoint (or ``step``; newer ones that cannot be read or hold
-non-finite numbers are skipped and listed, the other run's files left as they are) with its
-BatchNorm statistics, an open_clip model converted in memory
+workdir's newest usable checkpoint (or ``step``; newer ones that cannot be read, do not match
+the checksums saved with them, as the trainer checks on resume, or hold non-finite numbers are
+skipped and listed in ``skipped``, the other run's files left as they are) with its BatchNorm
+statistics, an open_clip model converted in memory
 (:func:`.clip_import.convert_open_clip`). Both give a :class:`PretrainedSource`, the one record
 of a pretrained model in the package (the converters return it too).
 
@@ -56,6 +57,7 @@ from contrastive_jax.training.models.converters.converted_directory import (
     converted_extras,
 )
 from contrastive_jax.training.parameter_paths import leaves_by_path, nested
+from contrastive_jax.training.run.state_checksums import checksums_mismatch
 
 KINDS = ("converted", "workdir", "big_vision", "open_clip")
 WORKDIR_CONFIG = "config.json"  # a trainer workdir's recorded config
@@ -285,22 +287,11 @@ _READERS = {"converted": _converted, "workdir": _workdir, "big_vision": _big_vis
 
 
 def _restore(directory: epath.Path, keys: Sequence[str] | None = None):
-    """An orbax PyTree checkpoint as NumPy arrays (only the top-level ``keys`` if given)."""
-    import jax
-    import orbax.checkpoint as ocp
+    """An orbax PyTree checkpoint as NumPy arrays (only the top-level ``keys`` if given):
+    :func:`~contrastive_jax.training.run.checkpoints.read_on_host`."""
+    from contrastive_jax.training.run.checkpoints import read_on_host
 
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(directory)
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    if tree is None:
-        raise ConfigError(f"{directory} holds no readable checkpoint metadata")
-    if keys is not None:
-        tree = {k: tree[k] for k in keys if k in tree}
-    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=restore_args, partial_restore=keys is not None))
+    return read_on_host(directory, None if keys is None else tuple(keys))
 
 
 def _in_layout(tree, model: Mapping[str, Any], *, drop_value: bool = False
@@ -325,7 +316,9 @@ def checkpoint_steps(location: str | os.PathLike) -> list[int]:
 
 def _workdir_weights(source: PretrainedSource) -> PretrainedSource:
     """The newest usable checkpoint of a workdir (or ``source.step``'s), as a resume falls
-    back: one that cannot be read or holds non-finite numbers is skipped (and listed)."""
+    back: one that cannot be read, does not match its saved checksums
+    (:func:`~contrastive_jax.training.run.state_checksums.checksums_mismatch`, the trainer's
+    check) or holds non-finite numbers is skipped (and listed)."""
     root = epath.Path(source.location)
     steps = checkpoint_steps(root)
     if source.step is not None and steps:
@@ -340,14 +333,19 @@ def _workdir_weights(source: PretrainedSource) -> PretrainedSource:
             "first or fix the path")
     skipped = []
     for step in reversed(steps):  # the other run's files are only read: a damaged
-        try:                      # checkpoint stays where it is
-            tree = _restore(root / CHECKPOINTS / str(step) / "state", keys=("params", "rest"))
+        folder = root / CHECKPOINTS / str(step)  # checkpoint stays where it is
+        try:
+            tree = _restore(folder / "state", keys=("params", "rest"))
         except Exception as err:
             skipped.append(f"step {step} cannot be read ({type(err).__name__}: "
                            f"{str(err).splitlines()[0][:200] if str(err) else ''})")
             continue
         if "params" not in tree:
             skipped.append(f"step {step} holds no parameters")
+            continue
+        mismatch = checksums_mismatch(folder, tree, partial=True)
+        if mismatch:  # the trainer's check on resume, on the parameters and statistics read
+            skipped.append(f"step {step}: {mismatch}")
             continue
         params = _in_layout(tree["params"], source.model, drop_value=True)
         rest = {k: np.asarray(v) for k, v in leaves_by_path(
