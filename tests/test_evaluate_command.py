@@ -7,6 +7,7 @@ keeps the others' results.
 """
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -231,3 +232,125 @@ def test_bad_input_exits_2_with_one_line_and_a_failing_task_keeps_the_others(set
                                        capsys)
     assert status == 0, err
     assert "| fewshot/mock_shapes | test | 10shot |" in printed
+
+
+def test_the_output_folder_is_checked_and_locked_before_any_work(setting, capsys):
+    """An --output that is empty, remote, an existing file or under a file: exit 2, one line,
+    before the model is read (the first three create nothing); a folder another evaluation
+    holds (its lock, taken here as that command would) names the holder; a killed writer's
+    temporary files are removed by the next command."""
+    from contrastive_jax.evaluate.results_files import output_folder
+    from contrastive_jax.training.run.workdir.workdir_lock import folder_lock
+
+    root = setting
+    base = [f"--model={root / 'missing_model'}", f"--data_dir={root / 'data'}",
+            "--split=test", "--tasks=fewshot/mock_shapes"]
+    a_file = root / "a_file"
+    a_file.write_text("not a folder\n")
+    for output, words in (("", "--output is empty"),
+                          ("gs://bucket/out", "a local folder"),
+                          (str(a_file), "is an existing file, not a folder"),
+                          (str(a_file / "out"), "a part of the path is a file")):
+        status, _, err = run_command([*base, f"--output={output}"], capsys)
+        assert status == 2 and err.count("\n") == 1 and words in err, err
+        assert "missing_model" not in err  # refused before the model is looked for
+    assert a_file.read_text() == "not a folder\n"
+
+    held = root / "held"
+    held.mkdir()
+    with folder_lock(held, RuntimeError):  # another evaluation writing there
+        status, _, err = run_command([*base, f"--output={held}"], capsys)
+    assert status == 2 and err.count("\n") == 1, err
+    assert f"in use by another evaluation (pid {os.getpid()} on host" in err
+    assert not (held / "results.json").exists()
+
+    stale = held / ".results.json.tmp-999-dead"  # left by a writer killed mid-write
+    stale.write_text("{")
+    with output_folder(str(held)) as folder:
+        assert folder == held and not stale.exists()
+
+
+def test_a_refused_write_prints_the_results_and_keeps_the_last_complete_files(
+        setting, capsys, monkeypatch):
+    """The second task's write meets a file-size limit (a real one, RLIMIT_FSIZE, as `ulimit
+    -f`, set around the write): exit 2 with one line naming results.json and the fix, the two
+    finished tasks' table on stdout, results.json as the first task's write left it, no
+    temporary file. Then a --batch_size far above the split runs one batch of the split (it
+    used to pad 12 images to a full batch) and gives the same numbers."""
+    import resource
+
+    from contrastive_jax.evaluate import results_files
+
+    root = setting
+    out = root / "limited"
+    real_write = results_files.write_results
+    writes = []
+
+    def limited_write(output, record):
+        writes.append(len(record["tasks"]))
+        if len(writes) == 1:
+            return real_write(output, record)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, hard))  # bytes: results.json is more
+        try:
+            return real_write(output, record)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    monkeypatch.setattr(results_files, "write_results", limited_write)
+    args = [f"--model={root / 'model'}", f"--data_dir={root / 'data'}", "--split=test",
+            "--tasks=fewshot/mock_shapes,linear/mock_shapes", f"--batch_size={BATCH}"]
+    status, printed, err = run_command([*args, f"--output={out}"], capsys)
+    assert status == 2 and writes == [1, 2], err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"cannot write {out}/results.json (File too large: a file " \
+        "reached the file-size limit" in errors[0], err
+    assert "| fewshot/mock_shapes | test | 10shot |" in printed
+    assert "| linear/mock_shapes | test | acc1 |" in printed
+    kept = json.loads((out / "results.json").read_text())
+    assert list(kept["tasks"]) == ["fewshot/mock_shapes"]
+    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    monkeypatch.undo()
+
+    status, printed, err = run_command(
+        [*args[:3], "--tasks=fewshot/mock_shapes", "--batch_size=100000",
+         f"--output={root / 'big_batch'}"], capsys)
+    assert status == 0, err
+    assert "fewshot/mock_shapes test images: batches of 12 (the batch size 100,000 is larger " \
+           "than the split's 12 examples)" in err
+    assert "fewshot/mock_shapes train images: batches of 30 " in err
+    big = json.loads((root / "big_batch" / "results.json").read_text())
+    assert big["tasks"]["fewshot/mock_shapes"]["metrics"] == pytest.approx(
+        kept["tasks"]["fewshot/mock_shapes"]["metrics"], abs=1e-6)
+
+
+def test_malformed_class_names_and_an_empty_split_say_what_to_change(setting, capsys):
+    """Class names given as a string (it was read as its characters), a file holding a list,
+    a folder: exit 2 with one line before anything runs. An empty split (test[:0]) fails its
+    task naming the split and the dataset's sizes, and the closing line does not claim other
+    results."""
+    root = setting
+    base = [f"--model={root / 'model'}", f"--data_dir={root / 'data'}", "--split=test",
+            "--tasks=zeroshot/mock_shapes"]
+    as_string = root / "names_string.json"
+    as_string.write_text(json.dumps({"mock_shapes": {"class_names": "red square"}}))
+    as_list = root / "names_list.json"
+    as_list.write_text(json.dumps([["red", "blue", "green"]]))
+    for path, words in ((as_string, "class_names of 'mock_shapes' must be a list of strings; "
+                                    'got "red square"'),
+                        (as_list, "holds a JSON list, not an object of datasets"),
+                        (root / "data", "is a folder; give the JSON file")):
+        out = root / f"names_out_{path.stem}"
+        status, _, err = run_command([*base, f"--class_names={path}", f"--output={out}"],
+                                     capsys)
+        assert status == 2 and err.count("\n") == 1 and words in err, err
+        assert not out.exists()
+    status, _, err = run_command([f"--model={root / 'model'}", f"--data_dir={root / 'data'}",
+                                  "--split=test[:0]", "--tasks=fewshot/mock_shapes",
+                                  f"--output={root / 'empty'}"], capsys)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2 and len(errors) == 2, err
+    assert errors[0] == ("error: fewshot/mock_shapes: mock_shapes[test[:0]] holds no examples: "
+                         "the split expression selects none of mock_shapes's (test: 12, "
+                         "train: 30); give a split with examples")
+    assert errors[1].endswith("; no task has a result")

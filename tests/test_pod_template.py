@@ -126,6 +126,7 @@ def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys
     assert config.loss.strategy == "ring" and config.data.name == "coco_captions"
     config.data.data_dir = data_dir
     config.total_steps, config.evaluation.every = 2, 1
+    config.checkpoint_every = 1  # checkpoints 1 and 2: the evaluation's fallback, below
     # the benchmark task of the evaluation command, on coco_captions' val split (16 images)
     config.evaluation.tasks = ("retrieval/coco_captions",)
     config.evaluation.task_overrides.test_split = "val"
@@ -158,6 +159,30 @@ def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys
     assert {k: results[f"retrieval/coco_captions/{k}"] for k in command} == \
         pytest.approx(command, abs=1e-9)
     assert record["tasks"]["retrieval/coco_captions"]["examples"] == MOCK_SPLITS["val"]
+    assert record["source"] == {"kind": "workdir", "location": str(tmp_path / "run"),
+                                "step": 2, "skipped": []}
+    # step 2's files no longer match the checksums saved with it (here: its record changed,
+    # as it would read after its arrays changed): the command says so and evaluates step 1,
+    # and results.json records both (it used to evaluate the damaged step without a word)
+    record_file = tmp_path / "run" / "checkpoints" / "2" / "checksums" / "metadata"
+    saved = record_file.read_text()
+    sums = json.loads(saved)
+    changed = next(name for name in sums["leaves"] if name.startswith("params/"))
+    sums["leaves"][changed][0] ^= 1
+    record_file.write_text(json.dumps(sums))
+    capsys.readouterr()
+    assert evaluate.main([f"--model={tmp_path / 'run'}", "--tasks=retrieval/coco_captions",
+                          f"--data_dir={data_dir}", "--split=val",
+                          f"--output={tmp_path / 'fallback'}"]) == 0
+    warned = capsys.readouterr().err
+    assert (f"warning: {tmp_path / 'run'}: step 2: it does not match the checksums recorded "
+            "when it was saved (damaged files); evaluating step 1, the newest usable "
+            "checkpoint") in warned, warned
+    fallback = json.loads((tmp_path / "fallback" / "results.json").read_text())
+    assert fallback["model"] == f"{tmp_path / 'run'} (step 1)"
+    assert fallback["source"]["step"] == 1 and fallback["source"]["skipped"] == [
+        "step 2: it does not match the checksums recorded when it was saved (damaged files)"]
+    record_file.write_text(saved)
     assert results["steps"] == 2 and results["devices"] == 8
     assert np.isfinite(results["final_train_metrics"]["loss"])
     # captions without labels: retrieval and geometry, no probe

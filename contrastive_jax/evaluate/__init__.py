@@ -26,11 +26,21 @@ where they differ (``--image_key``, ``--label_key``, ``--caption_key``, ``--trai
 other class names or templates: ``--class_names=FILE`` in ``class_names.json``'s format.
 
 Each task prints a progress line per pass; the end prints one table. ``DIR/results.json``,
-``results.csv`` and ``results.md`` are rewritten as each task finishes
-(:mod:`contrastive_jax.evaluate.results_files`). An unknown task or dataset stops before
-anything runs (exit 2); a task that fails (a missing split, class names of the wrong count, a
-text task without a tokenizer) is recorded with its error, the others run, and the command
-exits 2 naming it.
+``results.csv`` and ``results.md`` are rewritten as each task finishes, atomically
+(:mod:`contrastive_jax.evaluate.results_files`). A trainer workdir is read as a resume reads
+it: a newer checkpoint that cannot be read, does not match the checksums saved with it or
+holds non-finite numbers is passed over with a ``warning:`` line naming it and why, and
+``results.json``'s ``source`` records the step evaluated and those passed over.
+
+Mistakes stop before any work with one ``error:`` line and exit 2: an unknown task or
+dataset, a malformed ``--class_names`` file, a ``--batch_size`` below 1, an ``--output`` that
+is empty, remote, a file, under a file or not writable, or in use by another evaluation (the
+folder is locked while a command writes it; the other's pid is named). A ``--batch_size``
+larger than a split is capped at the split (the pass says so). A task that fails (a missing
+or empty split, class names of the wrong count, a text task without a tokenizer) is recorded
+with its error, the others run, and the command exits 2 naming it. A write the system refuses
+later (a full disk, a file-size limit) prints the results so far and exits 2 naming the file;
+the files keep the last complete write.
 """
 
 from __future__ import annotations
@@ -131,11 +141,8 @@ def pretrained_task_model(model, preprocess, tokenizer, *, batch_size: int,
 
 
 def _evaluate(positional: list[str]) -> None:
-    from contrastive_jax.evaluate.results_files import results_table, write_results
-    from contrastive_jax.pretrained import load_pretrained
-    from contrastive_jax.training.evaluation.task_runner import run_task
+    from contrastive_jax.evaluate.results_files import output_folder
     from contrastive_jax.training.evaluation.task_table import resolve_tasks
-    from contrastive_jax.training.run.provenance import provenance
 
     if _BATCH_SIZE.value < 1:
         raise ConfigError(f"--batch_size must be a positive integer; got {_BATCH_SIZE.value}")
@@ -143,12 +150,25 @@ def _evaluate(positional: list[str]) -> None:
         "test_split": _SPLIT.value, "train_split": _TRAIN_SPLIT.value,
         "image_key": _IMAGE_KEY.value, "label_key": _LABEL_KEY.value,
         "caption_key": _CAPTION_KEY.value})
-    text_tasks = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
+    with output_folder(_OUTPUT.value) as output:  # checked and locked before any work
+        _run_tasks(tasks, str(output))
+
+
+def _read_model(text_tasks: list[str]):
+    """``(source, model, preprocess, tokenizer)`` of ``--model``: the source read once
+    (:func:`~contrastive_jax.pretrained.read_source`), each checkpoint of a workdir passed over
+    said on stderr, then ``load_pretrained``'s three."""
+    from contrastive_jax.pretrained import load_pretrained, read_source, with_weights
+
     choice: Any = _TOKENIZER.value if _TOKENIZER.value else (None if text_tasks else False)
+    source = with_weights(read_source(_MODEL.value, pretrained=_PRETRAINED.value,
+                                      step=_STEP.value))
+    for why in source.skipped:
+        print(f"warning: {_MODEL.value}: {why}; evaluating step {source.step}, the newest "
+              "usable checkpoint", file=sys.stderr, flush=True)
     try:
-        model, preprocess, tokenizer = load_pretrained(
-            _MODEL.value, pretrained=_PRETRAINED.value, step=_STEP.value, tokenizer=choice,
-            dtype=_DTYPE.value)
+        model, preprocess, tokenizer = load_pretrained(source, tokenizer=choice,
+                                                       dtype=_DTYPE.value)
     except ConfigError as err:
         if text_tasks and "tokenizer" in str(err):
             raise ConfigError(f"{err} (the tasks {text_tasks} embed texts; without them the "
@@ -158,11 +178,26 @@ def _evaluate(positional: list[str]) -> None:
         raise ConfigError(f"{_MODEL.value} records no image preprocessing (size, mean, std); "
                           "convert it with its preprocess.json, or train with "
                           "data.preprocess.name = 'image_text'")
-    description = f"{_MODEL.value}" + (f" (step {_STEP.value})" if _STEP.value else "")
+    return source, model, preprocess, tokenizer
+
+
+def _run_tasks(tasks: list, output: str) -> None:
+    """Every task on ``--model``, ``results.*`` in ``output`` rewritten after each (module
+    docstring)."""
+    from contrastive_jax.errors import WorkdirError
+    from contrastive_jax.evaluate.results_files import results_table, write_results
+    from contrastive_jax.training.evaluation.task_runner import run_task
+    from contrastive_jax.training.run.provenance import provenance
+
+    text_tasks = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
+    source, model, preprocess, tokenizer = _read_model(text_tasks)
+    description = _MODEL.value + (f" (step {source.step})" if source.step is not None else "")
     task_model = pretrained_task_model(model, preprocess, tokenizer,
                                        batch_size=_BATCH_SIZE.value, description=description)
     record: dict[str, Any] = {
         "model": description,
+        "source": {"kind": source.kind, "location": source.location, "step": source.step,
+                   "skipped": list(source.skipped)},
         "command": {name: FLAGS[name].value for name in (
             "model", "tasks", "data_dir", "step", "pretrained", "tokenizer", "batch_size",
             "dtype", "split", "train_split", "image_key", "label_key", "caption_key",
@@ -193,10 +228,18 @@ def _evaluate(positional: list[str]) -> None:
             print(f"{task.name}: {task.main_metric} "
                   f"{result['metrics'][task.main_metric]:.4f}", flush=True)
         record["tasks"][task.name] = entry
-        write_results(_OUTPUT.value, record)
+        try:
+            write_results(output, record)
+        except WorkdirError as err:  # a full disk, a size limit: the numbers on the console
+            print(results_table(record), end="", flush=True)
+            raise WorkdirError(f"{err}; the results of the {len(record['tasks'])} tasks run so "
+                               "far are printed above, the folder keeps those of the last "
+                               "write that succeeded") from None
     print(results_table(record), end="")
-    print(f"wrote {_OUTPUT.value}/results.json, results.csv, results.md")
+    print(f"wrote {output}/results.json, results.csv, results.md")
     if failed:
+        ran = len(tasks) - len(failed)
         raise ConfigError(f"{len(failed)} of {len(tasks)} tasks failed ({', '.join(failed)}: "
-                          f"their errors are above and in {_OUTPUT.value}/results.json); the "
-                          "others' results are written")
+                          f"their errors are above and in {output}/results.json); "
+                          + (f"the other {ran} tasks' results are written" if ran else
+                             "no task has a result"))

@@ -1,6 +1,17 @@
 """The evaluation command's outputs: ``results.json``, ``results.csv`` and ``results.md`` in
 the output directory, rewritten after every task (a task that fails loses no other's result).
 
+The folder is checked and locked before any work (:func:`output_folder`): an ``--output`` that
+is empty, remote, a file, under a file or not writable is a :class:`~contrastive_jax.errors.
+ConfigError` / :class:`~contrastive_jax.errors.WorkdirError` at start, and a second command
+on the same folder is refused with the first one's pid (the trainer's workdir lock,
+:func:`~contrastive_jax.training.run.workdir.workdir_lock.folder_lock`). Each file is written
+to a temporary file of a name unique to the writer and renamed over the old one, so a reader
+(or a kill) sees the previous file or the new one; temporary files left by a killed command
+are removed when the next one takes the folder. A write the system refuses later (a full
+disk, a file-size limit) is a :class:`~contrastive_jax.errors.WorkdirError` naming the file,
+its temporary file removed and the previous ``results.*`` left as they were.
+
 ``results.json``::
 
     {"model": description, "command": {flag: value}, "provenance": {...},
@@ -14,31 +25,87 @@ the output directory, rewritten after every task (a task that fails loses no oth
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import json
+import errno
+import io
 import os
-from collections.abc import Mapping
+import pathlib
+import uuid
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from contrastive_jax.errors import STORAGE_ERRNOS, ConfigError, WorkdirError
+from contrastive_jax.training.run.workdir import json_output
+from contrastive_jax.training.run.workdir.workdir_lock import folder_lock
 
 RESULT_FILES = ("results.json", "results.csv", "results.md")
 PER_SEED = "_seed"  # few-shot per-seed scores: in the JSON and CSV, not in the table
+TEMPORARY = ".tmp-"  # in the name of a temporary file: .results.json.tmp-<pid>-<random>
+
+
+@contextlib.contextmanager
+def output_folder(output: str) -> Iterator[pathlib.Path]:
+    """The output folder ``output``, created, checked writable and locked for the ``with``
+    block (temporary files a killed command left in it removed). One line a user can act on,
+    before any work, for an empty or remote ``output``, an existing file, a path under a file,
+    a folder that cannot be created or written, or one another command holds (its pid)."""
+    if not output or not output.strip():
+        raise ConfigError("--output is empty: give the folder for results.json, results.csv "
+                          "and results.md")
+    if "://" in output:
+        raise ConfigError(f"--output={output}: the results are written to a local folder; "
+                          "give one and copy it to the bucket afterwards")
+    folder = pathlib.Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--output={output} is an existing file, not a folder; give a folder "
+                          "(it is created if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f"{TEMPORARY}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        probe.write_text("{}\n")
+        probe.unlink()
+    except OSError as err:
+        raise WorkdirError(f"--output={output} cannot be written ({_reason(err)})") from None
+
+    def refusal(holder: str) -> WorkdirError:
+        return WorkdirError(f"--output={output} is in use by another evaluation ({holder}); "
+                            "wait for it to finish, or give another --output")
+
+    with folder_lock(folder, refusal):
+        for stale in folder.glob(f".*{TEMPORARY}*"):  # a killed writer's; nobody else writes
+            stale.unlink(missing_ok=True)
+        yield folder
+
+
+def _reason(err: OSError) -> str:
+    """An OS error as ``strerror: what to do`` (:data:`~contrastive_jax.errors.STORAGE_ERRNOS`
+    for refusals of the system), else ``strerror``."""
+    what = {errno.ENOTDIR: "a part of the path is a file, not a folder",
+            errno.EEXIST: "a part of the path is a file, not a folder",
+            errno.ENOENT: "no such folder"}.get(err.errno)
+    what = STORAGE_ERRNOS.get(err.errno, what)
+    text = err.strerror or type(err).__name__
+    return f"{text}: {what}" if what else text
 
 
 def write_results(output: str | os.PathLike, record: Mapping[str, Any]) -> None:
-    """Write the three files of ``record`` into ``output`` (created), each through a temporary
-    file and a rename (a reader never sees half a file)."""
-    os.makedirs(output, exist_ok=True)
-    _write(os.path.join(output, "results.json"), json.dumps(record, indent=1) + "\n")
+    """Write the three files of ``record`` into the folder ``output`` (see
+    :func:`output_folder`), each through a temporary file of this writer's own and a rename
+    (a reader never sees half a file). ``results.json`` is strict JSON (a non-finite metric is
+    ``null``). A write the system refuses: :class:`~contrastive_jax.errors.WorkdirError`
+    naming the file, nothing half-written left."""
     rows = [["task", "kind", "dataset", "metric", "value"]]
     for name, task in record["tasks"].items():
         kind, _, dataset = name.partition("/")
         for metric, value in task.get("metrics", {}).items():
             rows.append([name, kind, dataset, metric, repr(float(value))])
-    path = os.path.join(output, "results.csv")
-    with open(path + ".tmp", "w", newline="") as f:
-        csv.writer(f).writerows(rows)
-    os.replace(path + ".tmp", path)
-    _write(os.path.join(output, "results.md"), results_table(record))
+    table = io.StringIO(newline="")
+    csv.writer(table).writerows(rows)
+    for name, text in (("results.json", json_output.dumps(record, indent=1) + "\n"),
+                       ("results.csv", table.getvalue()),
+                       ("results.md", results_table(record))):
+        _write(os.path.join(output, name), text)
 
 
 def results_table(record: Mapping[str, Any]) -> str:
@@ -67,6 +134,15 @@ def _number(value: float) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    """``text`` to ``path`` through ``.NAME.tmp-<pid>-<random>`` beside it and a rename; a
+    refused write is a :class:`~contrastive_jax.errors.WorkdirError`, its temporary removed."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}{TEMPORARY}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WorkdirError(f"cannot write {path} ({_reason(err)})") from None

@@ -156,10 +156,21 @@ def _open(name: str, split: str, data_dir: str, decoders, encoded_images):
     if unknown:
         raise ConfigError(f"dataset {name!r} has no split {unknown[0]!r} (in {split!r}); its "
                          f"splits: {sorted(builder.info.splits)}")
+    # an empty selection (test[:0]): TFDS's reader would only say "Paths sequence can not be
+    # of 0 length"
+    if not builder.info.splits[split].num_examples:
+        raise ConfigError(f"{name}[{split}] holds no examples: the split expression selects "
+                          f"none of {name}'s ({_split_sizes(builder)}); give a split with "
+                          "examples")
     features = builder.info.features
     skip = {key: tfds.decode.SkipDecoding() for key in encoded_images
             if key in features.keys() and isinstance(features[key], tfds.features.Image)}
     return builder.as_data_source(split=split, decoders={**skip, **(decoders or {})} or None)
+
+
+def _split_sizes(builder) -> str:
+    """``train: 30, test: 12``: a prepared dataset's splits and their example counts."""
+    return ", ".join(f"{k}: {v.num_examples:,}" for k, v in sorted(builder.info.splits.items()))
 
 
 def split_names(split: str) -> list[str]:

@@ -347,7 +347,8 @@ def run_task_model(graphdef, state, config, mesh) -> TaskModel:
 
     return TaskModel(description=f"the {config.model.get('name', 'model')} of this run",
                      crop=crop, embed_images=embed_images, embed_texts=embed_texts,
-                     batch_size=size)
+                     batch_size=size, batch_multiple=int(mesh.shape[DATA_AXIS]) if mesh
+                     is not None and DATA_AXIS in mesh.shape else 1)
 
 
 def benchmark_tasks(graphdef, state, config, mesh) -> dict[str, float]:

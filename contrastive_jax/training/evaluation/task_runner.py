@@ -45,6 +45,7 @@ class TaskModel:
     and other columns) to ``{"features": (n, d), column: (n,)}`` of every process's rows with
     ``mask`` set (the model's normalisation and sample tower inside); ``embed_texts(texts) ->
     (n, d)`` the text tower on the model's own tokenizer (``None``: no text tower).
+    ``batch_size`` larger than a split is capped at it (:meth:`batch_for`; the pass says so).
     """
 
     description: str
@@ -52,6 +53,14 @@ class TaskModel:
     embed_images: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
     embed_texts: Callable[[Sequence[str]], np.ndarray] | None
     batch_size: int
+    batch_multiple: int = 1  # a batch's size must be a multiple of it (the data devices)
+
+    def batch_for(self, examples: int) -> int:
+        """The batch of a pass over ``examples``: ``batch_size``, or, when that is larger than
+        the split, the split rounded up to ``batch_multiple`` (one batch, no padding beyond
+        it: a ``batch_size`` of 10^8 on 12 images pads to 12, not 10^8)."""
+        whole = -(-max(examples, 1) // self.batch_multiple) * self.batch_multiple
+        return min(self.batch_size, whole)
 
 
 class TaskProgress:
@@ -189,10 +198,17 @@ def _split_features(task: Task, split: str, model: TaskModel, data_dir, cache: d
 
 
 def _image_pass(model: TaskModel, source, preprocess, label: str, stream) -> dict:
+    if not len(source):
+        raise ConfigError(f"{label}: the split holds no examples; give a split with some "
+                          "(--split, --train_split)")
+    size = model.batch_for(len(source))
+    if size < model.batch_size:
+        print(f"{label}: batches of {size:,} (the batch size {model.batch_size:,} is larger "
+              f"than the split's {len(source):,} examples)", file=stream or sys.stderr,
+              flush=True)
     progress = TaskProgress(label, len(source), stream)
     columns: dict[str, list] = {}
-    for batch in eval_dataset(source, global_batch_size=model.batch_size,
-                              preprocess=preprocess):
+    for batch in eval_dataset(source, global_batch_size=size, preprocess=preprocess):
         rows = model.embed_images(batch)
         for name, value in rows.items():
             columns.setdefault(name, []).append(np.asarray(value))

@@ -75,15 +75,27 @@ def read_table(path: str | pathlib.Path = TASK_TABLE) -> dict[str, dict[str, Any
 def read_class_names(path: str | pathlib.Path | epath.Path = CLASS_NAMES
                      ) -> dict[str, dict[str, Any]]:
     """``{dataset: {"class_names": [...], "templates": [...], ...}}`` of a class-names file
-    (the shipped one, or a user's in its format); ConfigError for a file that is not."""
+    (the shipped one, or a user's in its format); a :class:`ConfigError` saying what to change
+    for a file that is not: missing, a folder, unreadable, not JSON, not an object of
+    datasets, an entry that is not an object with ``class_names`` and/or ``templates``, class
+    names or templates that are not a list of strings (a string would be read as its
+    characters), a template without exactly one ``{}``."""
     path = epath.Path(path)
     if not path.exists():
         raise ConfigError(f"class names file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"class names file {path} is a folder; give the JSON file")
+    shape = '{"DATASET": {"class_names": ["NAME", ...], "templates": ["a photo of a {}.", ...]}}'
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"class names file {path} is not JSON ({err}); it maps each dataset "
                           'to {"class_names": [...], "templates": [...]}') from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"class names file {path} cannot be read ({err})") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"class names file {path} holds a JSON {type(data).__name__}, not an "
+                          f"object of datasets: {shape}")
     out = {}
     for dataset, entry in data.items():
         if dataset.startswith("_"):
@@ -91,6 +103,11 @@ def read_class_names(path: str | pathlib.Path | epath.Path = CLASS_NAMES
         if not isinstance(entry, Mapping) or not set(entry) & {"class_names", "templates"}:
             raise ConfigError(f"{path}: {dataset!r} must map to an object with class_names "
                               "and/or templates")
+        for key in ("class_names", "templates"):
+            values = entry.get(key, [])
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ConfigError(f"{path}: {key} of {dataset!r} must be a list of strings; got "
+                                  f"{json.dumps(values)[:80]} (e.g. {shape})")
         for t in entry.get("templates", ()):
             if t.count("{}") != 1:
                 raise ConfigError(f"{path}: template {t!r} of {dataset!r} needs exactly one {{}}"

@@ -1,4 +1,5 @@
-"""One trainer per workdir: an exclusive lock on ``workdir/.lock`` held for the whole run.
+"""One trainer per workdir: an exclusive lock on ``workdir/.lock`` held for the whole run
+(and the same lock, :func:`folder_lock`, on the evaluation command's output folder).
 
 Two trainers writing one workdir would save and delete each other's checkpoints. The lock is
 ``fcntl.flock`` on the file (process 0 takes it; the other processes of a multi-host run share
@@ -17,11 +18,11 @@ import os
 import pathlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 
-from contrastive_jax.errors import WorkdirError
+from contrastive_jax.errors import ContrastiveJaxError, WorkdirError
 from contrastive_jax.training.run.workdir.workdir_path import is_remote
 
 LOCK_FILE = ".lock"
@@ -37,17 +38,33 @@ def workdir_lock(workdir: str | os.PathLike) -> Iterator[None]:
     if jax.process_index() != 0 or is_remote(workdir):
         yield
         return
-    path = pathlib.Path(workdir) / LOCK_FILE
+
+    def refusal(holder: str) -> WorkdirError:
+        return WorkdirError(
+            f"workdir {workdir} is in use by another trainer ({holder}). Wait for it to "
+            "finish, stop it, or choose another --workdir. (A trainer that was killed releases "
+            "the lock by itself: there is nothing to delete.)")
+
+    with folder_lock(workdir, refusal):
+        yield
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike,
+                refusal: Callable[[str], ContrastiveJaxError]) -> Iterator[None]:
+    """Hold ``folder/.lock`` (a local folder that exists) exclusively for the ``with`` block,
+    with ``fcntl.flock``: released by the operating system however the holder ends. The file
+    names the holder (pid, host, start time); another process holding it raises
+    ``refusal(holder)``, the holder as ``pid P on host H, started T``. Shared by the trainer's
+    :func:`workdir_lock` and the evaluation command's output folder."""
+    path = pathlib.Path(folder) / LOCK_FILE
     handle = open(path, "a+")  # held open for the whole block
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise WorkdirError(
-                f"workdir {workdir} is in use by another trainer ({_holder(handle.read())}). "
-                "Wait for it to finish, stop it, or choose another --workdir. (A trainer that "
-                "was killed releases the lock by itself: there is nothing to delete.)") from None
+            raise refusal(_holder(handle.read())) from None
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
