@@ -180,6 +180,17 @@ def test_a_trained_workdir_exports_the_parameters_of_its_checkpoint(tmp_path, ca
     assert clip_export.main([f"--workdir={workdir}", f"--output={tmp_path / 'x'}",
                              "--step=7"]) == 2
     assert "has no checkpoint of step 7; its steps: [0, 1]" in capsys.readouterr().err
+    # step 1's arrays no longer match a checksum record (one naming none of them): exported
+    # from step 0, said on the way
+    (workdir / "checkpoints" / "1" / "checksums").mkdir()
+    (workdir / "checkpoints" / "1" / "checksums" / "metadata").write_text('{"leaves": {}}')
+    out = tmp_path / "fallback"
+    assert clip_export.main([f"--workdir={workdir}", f"--output={out}"]) == 0
+    assert (f"warning: --workdir {workdir}: step 1: it does not match the checksums recorded "
+            "when it was saved (damaged files); using an earlier one") in capsys.readouterr().out
+    got = leaves_by_path(tensor_layouts.params_from_state_dict(
+        config.model, load_file(out / "open_clip_model.safetensors")))
+    assert all(got[path].tobytes() == value.tobytes() for path, value in first.items())
 
 
 def block(vision=None, text=None, **model):
