@@ -38,6 +38,7 @@ from typing import Any
 from contrastive_jax.errors import STORAGE_ERRNOS, ConfigError, WorkdirError
 from contrastive_jax.training.run.workdir import json_output
 from contrastive_jax.training.run.workdir.workdir_lock import folder_lock
+from contrastive_jax.training.run.workdir.workdir_path import write_probe
 
 RESULT_FILES = ("results.json", "results.csv", "results.md")
 PER_SEED = "_seed"  # few-shot per-seed scores: in the JSON and CSV, not in the table
@@ -61,10 +62,7 @@ def output_folder(output: str) -> Iterator[pathlib.Path]:
         raise ConfigError(f"--output={output} is an existing file, not a folder; give a folder "
                           "(it is created if missing)")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f"{TEMPORARY}probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        probe.write_text("{}\n")
-        probe.unlink()
+        write_probe(folder)
     except OSError as err:
         raise WorkdirError(f"--output={output} cannot be written ({_reason(err)})") from None
 

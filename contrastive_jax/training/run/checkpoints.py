@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from typing import Any
 
 import grain
@@ -55,7 +54,7 @@ from contrastive_jax.training.run.state_checksums import (
     checksum_record,
     checksums_mismatch,
 )
-from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote
+from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote, write_probe
 from contrastive_jax.training.step.train_state import all_finite
 
 
@@ -87,11 +86,8 @@ def manager(workdir: str | os.PathLike, *, every: int, keep: int,
 def _check_writable(directory: epath.Path) -> None:
     """Create ``directory`` if needed and write and delete a file in it; a refusal is a
     :class:`WorkdirError` saying why (remote: any error of the storage client)."""
-    probe = directory / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe.write_text("")
-        probe.unlink()
+        write_probe(directory)
     except Exception as err:
         if not isinstance(err, OSError) and not is_remote(directory):
             raise

@@ -66,3 +66,17 @@ def absolute(workdir: str | os.PathLike) -> epath.Path:
     absolute checkpoint paths)."""
     path = workdir_path(workdir)
     return path if is_remote(path) else epath.Path(os.path.realpath(os.fspath(path)))
+
+
+def write_probe(folder: str | os.PathLike | epath.Path) -> None:
+    """Create ``folder`` (with its parents) and write and delete a small file of a unique name
+    in it: what a folder that will be written must allow, found before any work. Raises what
+    the storage raises (``OSError`` locally, with its errno; a storage client's own errors for
+    a remote folder); each caller says it in its own words."""
+    import uuid
+
+    path = epath.Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    probe = path / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    probe.write_text("{}\n")
+    probe.unlink()
