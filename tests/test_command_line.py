@@ -1,17 +1,22 @@
 """The package's command lines share one library (contrastive_jax/command_line.py): plain-text
 ``--help`` with exit status 0, JAX's ``--jax_*`` options as flags, one line ``error: ...`` and
-exit status 2 for a bad flag; every command module imports with the others in one process.
+exit status 2 for a bad flag, one line ``interrupted (SIGINT) ...`` and exit status 130 for
+Ctrl-C; every command module imports with the others in one process.
 
 In-process, except one ``python -m contrastive_jax.main --help`` (the real entry point); main's
 errors and its ``--jax_*`` flags are checked by tests/test_reliability.py's forked command lines
 (USER_ERRORS), prepare's ``-m`` import by tests/test_datasets.py."""
 
 import importlib
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import forked_command_lines
 import jax
 import pytest
 from absl import flags
@@ -213,3 +218,142 @@ def test_jax_flags_are_set_before_the_command_runs_and_own_flags_start_from_defa
     monkeypatch.setenv(command_line.TRACEBACK_ENV, "1")  # the traceback, for a user error
     with pytest.raises(command_line.ConfigError, match="unknown flag --no_such_flag"):
         command_line.run_command(command, main, ["--no_such_flag"])
+
+
+# --------------------------------------------------------------------------- Ctrl-C (SIGINT)
+def _toy_command() -> command_line.Command:
+    return command_line.Command(program="python -m toy", doc="A toy.",
+                                flag_values=flags.FlagValues())
+
+
+def _wakeup_fd() -> int:
+    """The current ``signal.set_wakeup_fd``, left as it is."""
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    return fd
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """The statuses the watcher would end the process with, in a queue (the process goes on)."""
+    statuses = queue.Queue()
+    monkeypatch.setattr(command_line, "_exit_process", statuses.put)
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the SIGINT handler needs the main thread")
+    return statuses
+
+
+def test_ctrl_c_ends_a_command_at_once_with_one_line_and_status_130(exits, capsys):
+    """While the command's main thread is blocked outside Python (a lock here; XLA's compile
+    in the plan), a SIGINT makes the watcher print one line naming the innermost activity and
+    end the process with 130. No KeyboardInterrupt reaches the command. The handler and the
+    wakeup fd are restored when the command returns."""
+    before = _wakeup_fd()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def main(positional):
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        with command_line.activity("counting sheep"), command_line.activity("sheep 7"):
+            signal.raise_signal(signal.SIGINT)  # Python's handler does nothing
+            assert exits.get(timeout=60) == 130  # blocked in C until the watcher "exits"
+        return 0
+
+    assert command_line.run_command(_toy_command(), main, []) == 0
+    assert capsys.readouterr().err == ("interrupted (SIGINT) while sheep 7: nothing more was "
+                                       "written\n")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert _wakeup_fd() == before and exits.empty()
+
+    def no_activity(positional):
+        signal.raise_signal(signal.SIGINT)
+        return exits.get(timeout=60)
+
+    assert command_line.run_command(_toy_command(), no_activity, []) == 130
+    assert capsys.readouterr().err == ("interrupted (SIGINT) while running python -m toy: "
+                                       "nothing more was written\n")
+
+
+def test_ctrl_c_lets_a_file_write_finish_and_a_second_one_does_not_wait(exits, capsys):
+    """The exit waits for a finish_before_interrupt block (a file being written and renamed);
+    a second SIGINT exits inside the block."""
+    events = []
+
+    def main(positional):
+        guard = command_line._active
+        with command_line.finish_before_interrupt():
+            signal.raise_signal(signal.SIGINT)
+            assert guard.requested.wait(60)  # the watcher has seen it and waits for the block
+            events.append("block done")
+        events.append(("exit", exits.get(timeout=60)))
+        return 0
+
+    assert command_line.run_command(_toy_command(), main, []) == 0
+    assert events == ["block done", ("exit", 130)]
+
+    def twice(positional):
+        with command_line.finish_before_interrupt():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            events.append(("exit in the block", exits.get(timeout=60)))
+        return 0
+
+    assert command_line.run_command(_toy_command(), twice, []) == 0
+    assert events[-1] == ("exit in the block", 130)
+    assert capsys.readouterr().err.count("interrupted (SIGINT)") == 2
+
+
+def test_a_keyboard_interrupt_that_reaches_run_command_is_one_line_and_130(capsys, monkeypatch):
+    """Where no handler can be installed (a command run in another thread), the
+    KeyboardInterrupt itself becomes the line, naming the activity it left;
+    CONTRASTIVE_JAX_TRACEBACK=1 lets it raise."""
+    def main(positional):
+        with command_line.activity("waiting"):
+            raise KeyboardInterrupt
+
+    handler = signal.getsignal(signal.SIGINT)
+    statuses = []
+    thread = threading.Thread(target=lambda: statuses.append(
+        command_line.run_command(_toy_command(), main, [])))
+    thread.start()
+    thread.join()
+    assert statuses == [130] and signal.getsignal(signal.SIGINT) is handler
+    assert capsys.readouterr().err == ("interrupted (SIGINT) while waiting: nothing more was "
+                                       "written\n")
+    monkeypatch.setenv(command_line.TRACEBACK_ENV, "1")
+    with pytest.raises(KeyboardInterrupt):
+        command_line.run_command(_toy_command(), main, [])
+
+
+FORKED_CHILD = """
+import os, signal, sys
+from absl import flags
+from contrastive_jax import command_line
+
+parent = os.getpid()
+
+def main(positional):
+    pid = os.fork()
+    if pid == 0:  # the child: Python's default, a KeyboardInterrupt, so run_command's line
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("no KeyboardInterrupt in the child")
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    print("child status", status, flush=True)  # the parent's watcher did not fire
+    return 0
+
+status = command_line.run_command(command_line.Command(
+    program="python -m toy", doc="A toy.", flag_values=flags.FlagValues()), main, [])
+if os.getpid() != parent:
+    os._exit(status)
+print("parent status", status, signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_a_process_forked_by_a_command_gets_the_keyboard_interrupt_not_the_watcher():
+    """A fork during a command (the supervised trainer, a data worker) has no watcher: its
+    SIGINT is a KeyboardInterrupt (one line and 130 where it reaches run_command), and its
+    signal never reaches the parent's watcher, which shares the pipe."""
+    run = forked_command_lines.run([sys.executable, "-c", FORKED_CHILD], timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.splitlines() == ["child status 130", "parent status 0 True"], run.stdout
+    assert run.stderr == ("interrupted (SIGINT) while running python -m toy: nothing more was "
+                          "written\n")

@@ -2,6 +2,10 @@
 
 import dataclasses
 import io
+import os
+import pathlib
+import signal
+import subprocess
 import sys
 
 import forked_command_lines
@@ -174,7 +178,7 @@ def test_with_overrides_copies_and_may_add_remat():
     copy = with_overrides(config, {"accumulation_steps": 2, "model.remat": True,
                                    "sharding.params": "fsdp"})
     assert (copy.accumulation_steps, copy.model.remat, copy.sharding.params) == (2, True, "fsdp")
-    assert config.accumulation_steps == 1 and "remat" not in config.model
+    assert config.accumulation_steps == 1 and not config.model.get("remat")  # unchanged
 
 
 def test_the_status_line_says_what_compiles_and_when_it_is_done():
@@ -286,3 +290,111 @@ def test_plan_help_exits_0_with_its_flags_and_the_configs(capsys):
     assert out.startswith("usage: python -m contrastive_jax.plan [flags]")
     assert "  --config=VALUE  (required)\n" in out and "\n  --slice=" in out
     assert "\n  simclr_mnist1d.py\n" in out and "``" not in out
+
+
+TINY = f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny"
+
+
+def test_ctrl_c_during_the_compile_exits_130_with_one_line():
+    """SIGINT once the plan says it is compiling (a fresh interpreter, as a user's): exit
+    status 130 at once, one line naming the compile last on stderr, no traceback, nothing on
+    stdout (it used to wait for the compile, print a KeyboardInterrupt traceback and, at
+    times, crash in the interpreter's teardown: status 139)."""
+    from xla_environment import child_environment
+
+    process = subprocess.Popen([sys.executable, "-m", "contrastive_jax.plan", "--devices=8",
+                                TINY], cwd=REPO, env=child_environment(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = []
+        for line in process.stderr:  # waits on the plan's own output
+            seen.append(line)
+            if line.startswith("plan: compiling the train step for 8 devices"):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    err = "".join(seen) + err
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and out == "", err[-2000:]
+    assert err.splitlines()[-1] == (
+        "interrupted (SIGINT) while compiling the train step for 8 devices "
+        "(accumulation_steps=1, remat, fsdp parameters): nothing more was written"), err
+
+
+def _takes_files(folder: pathlib.Path) -> bool:
+    """Whether a new file can be created in ``folder`` (a probe, removed)."""
+    probe = folder / f".probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+def _json_case(case: str, tmp_path) -> tuple[str, str]:
+    """(--json value, the words its error must hold) for each kind of unusable path."""
+    (tmp_path / "file").write_text("")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked").chmod(0o555)
+    if case == "a folder":
+        return str(tmp_path), "is a folder"
+    if case == "under a file":
+        return str(tmp_path / "file" / "plan.json"), "file is a file, not a folder"
+    if case == "a missing folder":
+        return str(tmp_path / "missing" / "plan.json"), "/missing does not exist"
+    if case == "a folder that takes no file":  # root writes anywhere a mode forbids: sysfs
+        folder = tmp_path / "locked" if os.geteuid() != 0 else pathlib.Path("/sys")
+        if not folder.is_dir() or _takes_files(folder):
+            pytest.skip(f"{folder} takes new files here")
+        return str(folder / "plan.json"), f"cannot create a file in {folder}"
+    return "", "--json is empty"
+
+
+@pytest.mark.parametrize("case", ["a folder", "under a file", "a missing folder",
+                                  "a folder that takes no file", "empty"])
+def test_an_unusable_json_path_exits_2_before_anything_compiles(case, tmp_path):
+    """The --json path is checked first: one ``error:`` line, status 2, no compile started
+    (it used to be a traceback after the whole compile)."""
+    path, words = _json_case(case, tmp_path)
+    result = forked_command_lines.run(
+        [sys.executable, "-m", "contrastive_jax.plan", "--devices=8", TINY, f"--json={path}"],
+        timeout=300, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --json") and words in lines[0], \
+        result.stderr[-2000:]
+    assert "plan: compiling" not in result.stderr and result.stdout == ""
+
+
+REFUSED_WRITE = """
+import sys
+from absl import flags
+from contrastive_jax import command_line
+from contrastive_jax.plan.command import write_json
+
+sys.exit(command_line.run_command(command_line.Command(
+    program="python -m toy", doc="A toy.", flag_values=flags.FlagValues()),
+    lambda positional: write_json(sys.argv[1], {"rows": ["x" * 100] * 100}), []))
+"""
+
+
+def test_a_json_write_the_system_refuses_exits_2_with_one_line(tmp_path):
+    """The plan's --json write under a file-size limit (``ulimit -f``, errno EFBIG): one
+    ``error:`` line naming the limit, status 2, the old file left as it was and no temporary
+    file left behind."""
+    path = tmp_path / "plan.json"
+    path.write_text("{}\n")
+    result = forked_command_lines.run([sys.executable, "-c", REFUSED_WRITE, str(path)],
+                                      timeout=120, file_size_limit=4096)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        f"error: --json={path}: the plan could not be written (File too large: a file reached "
+        "the file-size limit (`ulimit -f`): raise the limit); the tables above are complete, "
+        "and the file was left as it was"], result.stderr
+    assert path.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "plan.json"]

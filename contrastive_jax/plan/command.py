@@ -36,14 +36,24 @@ it: the plan says whether the step fits without remat and what the recomputation
 FLOPs of the step with it, counted the same way), so that remat stays on only where it is
 needed.
 
-Exit status 2 with one line ``error: ...`` for a config that cannot be compiled (a batch that
-does not divide over the devices, an unknown setting), an unknown slice name, a GPU spec
-without memory, or a batch that no candidate fits, as the trainer would say at start.
+``--json=PATH`` also writes the plan as JSON (bytes per device, the target's verdict, the
+search, the speed, the run's provenance), atomically: a temporary file renamed over PATH. PATH
+is checked before anything is compiled: a folder, a path whose folder is missing or is a file,
+a folder where no file can be created, an empty ``--json=`` are each an error at once.
+
+Exit status 2 with one line ``error: ...`` for what the user must change: a config that
+cannot be compiled (a batch that does not divide over the devices, an unknown setting: as the
+trainer would say at start), an unknown slice name, a GPU spec without memory, a batch that no
+candidate fits, an unusable ``--json`` path, or a ``--json`` write that the system refused
+after the compile (disk full, file-size limit: the tables are printed, PATH is left as it
+was). Exit status 130 with one line ``interrupted (SIGINT) while compiling ...: nothing more
+was written`` for Ctrl-C, at once, during a compile too (:mod:`contrastive_jax.command_line`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -51,7 +61,7 @@ from collections.abc import Sequence
 from absl import flags, logging
 
 from contrastive_jax.accelerators import Target, gpu_cluster, tpu_slice
-from contrastive_jax.errors import ConfigError
+from contrastive_jax.errors import STORAGE_ERRNOS, ConfigError, storage_cause
 from contrastive_jax.plan.report import (
     Speed,
     per_chip_flops,
@@ -81,7 +91,8 @@ _MFU = flags.DEFINE_float("mfu", DEFAULT_MFU, "Model-FLOPs utilisation the step 
                           "at (a fraction of the chip's peak bf16 FLOP/s).")
 _SEARCH = flags.DEFINE_bool("search", True, "When the config does not fit the target, compile "
                             "candidates to find the smallest accumulation_steps that fits.")
-_JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device) to this JSON file.")
+_JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device, verdict, speed) "
+                            "to this JSON file, checked before anything is compiled.")
 _CHIPS = flags.DEFINE_list("chips", [], f"Chips to compare with (default: {', '.join(CHIPS)}).")
 
 
@@ -99,11 +110,51 @@ def target_from_flags() -> Target | None:
     return target
 
 
+def json_path_from_flags() -> str:
+    """``--json``, checked before any work (:func:`~contrastive_jax.training.run.workdir.
+    json_output.unwritable`); "" when not given. An empty ``--json=`` or a path the plan
+    could not write is a :class:`ConfigError` saying what to change."""
+    from contrastive_jax.training.run.workdir import json_output
+
+    path = _JSON.value
+    if not path.strip():
+        if flags.FLAGS["json"].present:
+            raise ConfigError("--json is empty; give the file to write the plan to, or leave "
+                              "--json out")
+        return ""
+    problem = json_output.unwritable(path)
+    if problem is not None:
+        raise ConfigError(f"--json={path}: {problem}")
+    return path
+
+
+# what to do when the --json write is refused for one of these (the others: another path)
+_WRITE_FIXES = {e: STORAGE_ERRNOS[e] for e in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)}
+
+
+def write_json(path: str, record: dict) -> None:
+    """Write ``record`` to ``path`` (:func:`~contrastive_jax.training.run.workdir.json_output.
+    write_atomic`); a write the system refuses (disk full, file-size limit, ...) is a
+    :class:`ConfigError` naming the reason and the fix, ``path`` left as it was."""
+    from contrastive_jax.training.run.workdir import json_output
+
+    try:
+        json_output.write_atomic(path, record)
+    except OSError as err:
+        cause = storage_cause(err) or err
+        reason = cause.strerror or str(cause)
+        fix = _WRITE_FIXES.get(cause.errno, "choose another --json path")
+        raise ConfigError(f"--json={path}: the plan could not be written ({reason}: {fix}); "
+                          "the tables above are complete, and the file was left as it "
+                          "was") from err
+
+
 def _plan(argv: Sequence[str]) -> None:
     """Plan ``--config`` for ``--slice``/``--gpus`` (or on ``--devices`` fake CPU devices) and
     print the tables."""
     import jax
 
+    json_path = json_path_from_flags()  # before any work: not found after a long compile
     target = target_from_flags()
     devices = target.chips if target is not None else (_DEVICES.value or 8)
     if devices < 1:
@@ -130,11 +181,10 @@ def _plan(argv: Sequence[str]) -> None:
     else:
         record.update(target_plan(config, mesh, result, name, target, _MFU.value,
                                   _SEARCH.value))
-    if _JSON.value:
+    if json_path:
         from contrastive_jax.training.run.provenance import provenance
-        from contrastive_jax.training.run.workdir import json_output
 
-        json_output.write_atomic(_JSON.value, {**record, "provenance": provenance()})
+        write_json(json_path, {**record, "provenance": provenance()})
     if target is not None and record["fits_target"] is False and _SEARCH.value and \
             record["search"]["answer"] is None:
         raise ConfigError(f"{name} does not fit {target.name} even with one example per "

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from contrastive_jax.accelerators import GiB, Target
+from contrastive_jax.command_line import activity
 from contrastive_jax.plan.search import Search, paste, with_overrides
 from contrastive_jax.plan.step_plan import (
     CHIPS,
@@ -111,8 +112,9 @@ def per_chip_flops(config, mesh, keep_remat: bool = False) -> float | None:
 
     shapes = {k: jax.ShapeDtypeStruct((config.data.batch_size, *shape), dtype)
               for k, (shape, dtype) in example_shapes(config).items()}
-    total = step_flops(config, mesh, shapes, int(config.get("total_steps") or 1000),
-                       keep_remat=keep_remat)
+    with activity("counting the step's model FLOPs (a compile)"):
+        total = step_flops(config, mesh, shapes, int(config.get("total_steps") or 1000),
+                           keep_remat=keep_remat)
     return None if total is None else total / mesh.devices.size
 
 

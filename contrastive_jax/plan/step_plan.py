@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from contrastive_jax.accelerators import GiB
+from contrastive_jax.command_line import activity
 from contrastive_jax.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -98,24 +99,27 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
 def compiling(what: str, stream: TextIO | None = None,
               every: float = STATUS_EVERY_S) -> Iterator[None]:
     """A status line on ``stream`` (stderr) while a compile runs: ``plan: compiling WHAT``
-    at the start, the elapsed time every ``every`` seconds, ``compiled in N s`` at the end."""
+    at the start, the elapsed time every ``every`` seconds, ``compiled in N s`` at the end
+    (not when the block raises). Inside, a Ctrl-C says ``interrupted (SIGINT) while compiling
+    WHAT`` (:func:`contrastive_jax.command_line.activity`)."""
     stream = sys.stderr if stream is None else stream
     start = time.perf_counter()
     done = threading.Event()
-    print(f"plan: compiling {what} ...", file=stream, flush=True)
 
     def tick() -> None:
         while not done.wait(every):
             print(f"plan: still compiling {what}: {time.perf_counter() - start:.0f} s",
                   file=stream, flush=True)
 
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    with activity(f"compiling {what}"):
+        print(f"plan: compiling {what} ...", file=stream, flush=True)
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
         print(f"plan: compiled {what} in {time.perf_counter() - start:.0f} s", file=stream,
               flush=True)
 
