@@ -185,13 +185,18 @@ TRAINING_ROOMS = {
     "augmentations": set(),  # JAX augmentations of a batch
     "data": set(),  # datasets, tokenizers, the grain input pipeline
     "parameter_paths": set(),  # a leaf's "a/0/b" name in any parameter tree, and back
-    "models": {"parameter_paths"},  # Flax NNX encoders, heads, the model registry, locked towers
+    # a saved checkpoint's checksums, their check, its read on the host (run/ and models/)
+    "checkpoint_integrity": {"parameter_paths"},
+    # Flax NNX encoders, heads, the model registry, locked towers (converters: the readers of
+    # pretrained sources, a trainer workdir's checkpoints among them)
+    "models": {"parameter_paths", "checkpoint_integrity"},
     "methods": {"augmentations", "models", "losses"},  # SimCLR, MoCo, CLIP, SigLIP, MI critic
     "evaluation": {"augmentations", "data", "models"},  # probes, zero-shot, retrieval
     # the train step, train state, accumulation, sharding (augmentations: the pixel
     # normalisation's settings, for the method's context)
     "step": {"methods", "models", "augmentations", "parameter_paths"},
-    "run": {"step", "models", "parameter_paths"},  # workdir, lock, checkpoints, config record, ...
+    # workdir, lock, checkpoints, config record, ...
+    "run": {"step", "models", "parameter_paths", "checkpoint_integrity"},
     "config": {"step"},  # base_config (the state's sharding defaults)
     # resolve(config, workdir) -> RunSpec: the method, the sources, the evaluators, the mesh
     "run_spec": {"data", "evaluation", "methods", "models", "run", "step"},

@@ -141,8 +141,8 @@ def test_a_checkpoint_changed_after_its_save_is_detected_by_its_checksums(tmp_pa
     import jax
     import orbax.checkpoint as ocp
 
+    from contrastive_jax.training.checkpoint_integrity import state_checksums
     from contrastive_jax.training.run import checkpoints
-    from contrastive_jax.training.run.state_checksums import state_checksums
 
     simclr_quick_workdir(tmp_path)  # trained once per process, copied
     config = quick(total_steps=12, checkpoint_every=3)
@@ -176,7 +176,7 @@ def test_state_checksums_do_not_depend_on_the_sharding_and_see_one_bit():
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.run.state_checksums import state_checksums
+    from contrastive_jax.training.checkpoint_integrity import state_checksums
 
     rng = np.random.default_rng(0)
     tree = {"w": rng.standard_normal((16, 6)).astype(np.float32),
@@ -220,7 +220,7 @@ def test_the_host_checksums_equal_the_devices_and_a_partial_read_is_checked_by_n
 
     import jax
 
-    from contrastive_jax.training.run import state_checksums as sc
+    from contrastive_jax.training import checkpoint_integrity as sc
 
     rng = np.random.default_rng(1)
     tree = {"params": {"w": rng.standard_normal((16, 6)).astype(np.float32),
@@ -278,7 +278,7 @@ def test_the_checksums_of_an_fsdp_state_need_no_more_than_its_largest_shard():
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import make_mesh
-    from contrastive_jax.training.run.state_checksums import state_checksums
+    from contrastive_jax.training.checkpoint_integrity import state_checksums
 
     mesh = make_mesh({"data": 8})
     sharding = NamedSharding(mesh, P(None, "data"))

@@ -30,7 +30,6 @@ from typing import Any
 import grain
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -41,18 +40,19 @@ from contrastive_jax.errors import (
     WorkdirError,
     storage_cause,
 )
+from contrastive_jax.training.checkpoint_integrity import (
+    CHECKSUMS,
+    CHECKSUMS_FILE,
+    checksum_record,
+    checksums_mismatch,
+    read_on_host,
+)
 from contrastive_jax.training.models import scanned_layers
 from contrastive_jax.training.parameter_paths import leaves_by_path, path_name
 from contrastive_jax.training.run.launch.process_count import (
     process_count_refusal,
     resplit_position,
     saved_process_count,
-)
-from contrastive_jax.training.run.state_checksums import (
-    CHECKSUMS,
-    CHECKSUMS_FILE,
-    checksum_record,
-    checksums_mismatch,
 )
 from contrastive_jax.training.run.workdir.workdir_path import absolute, is_remote, write_probe
 from contrastive_jax.training.step.train_state import all_finite
@@ -271,24 +271,6 @@ def restore_latest(mgr: ocp.CheckpointManager, state_template, data_iterator, *,
             f"every checkpoint in {mgr.directory} (steps {steps}) holds non-finite numbers (a "
             "diverged run). Move them away or use a new --workdir to start over.")
     raise CheckpointError(_explain(mgr, steps, state_template, failures))
-
-
-def read_on_host(directory: str | os.PathLike, keys: tuple[str, ...] | None = None):
-    """An orbax PyTree checkpoint item (``checkpoints/<step>/state``) as host NumPy arrays in
-    the layout it was saved in, without a template (its own metadata gives the tree), only the
-    top-level ``keys`` if given. Raises what orbax raises for files it cannot read."""
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(directory)
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    if tree is None:
-        raise CheckpointError(f"{directory} holds no readable checkpoint metadata")
-    if keys is not None:
-        tree = {k: tree[k] for k in keys if k in tree}
-    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=restore_args, partial_restore=keys is not None))
 
 
 def _sound_on_its_own(mgr: ocp.CheckpointManager, step: int) -> bool:

@@ -50,6 +50,7 @@ import numpy as np
 from etils import epath
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.checkpoint_integrity import checksums_mismatch, read_on_host
 from contrastive_jax.training.models.converters.converted_directory import (
     MODEL_FILE,
     PREPROCESS_FILE,
@@ -57,7 +58,6 @@ from contrastive_jax.training.models.converters.converted_directory import (
     converted_extras,
 )
 from contrastive_jax.training.parameter_paths import leaves_by_path, nested
-from contrastive_jax.training.run.state_checksums import checksums_mismatch
 
 KINDS = ("converted", "workdir", "big_vision", "open_clip")
 WORKDIR_CONFIG = "config.json"  # a trainer workdir's recorded config
@@ -288,9 +288,7 @@ _READERS = {"converted": _converted, "workdir": _workdir, "big_vision": _big_vis
 
 def _restore(directory: epath.Path, keys: Sequence[str] | None = None):
     """An orbax PyTree checkpoint as NumPy arrays (only the top-level ``keys`` if given):
-    :func:`~contrastive_jax.training.run.checkpoints.read_on_host`."""
-    from contrastive_jax.training.run.checkpoints import read_on_host
-
+    :func:`~contrastive_jax.training.checkpoint_integrity.read_on_host`."""
     return read_on_host(directory, None if keys is None else tuple(keys))
 
 
@@ -317,7 +315,7 @@ def checkpoint_steps(location: str | os.PathLike) -> list[int]:
 def _workdir_weights(source: PretrainedSource) -> PretrainedSource:
     """The newest usable checkpoint of a workdir (or ``source.step``'s), as a resume falls
     back: one that cannot be read, does not match its saved checksums
-    (:func:`~contrastive_jax.training.run.state_checksums.checksums_mismatch`, the trainer's
+    (:func:`~contrastive_jax.training.checkpoint_integrity.checksums_mismatch`, the trainer's
     check) or holds non-finite numbers is skipped (and listed)."""
     root = epath.Path(source.location)
     steps = checkpoint_steps(root)

@@ -1,4 +1,5 @@
-"""Checksums of a train state, saved with each checkpoint and checked wherever one is read.
+"""Whether a saved checkpoint is intact: the checksums saved with it, the check of what is read
+back against them, and a template-free read of a saved item on the host.
 
 Orbax reads changed array bytes without complaint, so each checkpoint also records, per leaf,
 two integer sums of the leaf's bits (:func:`state_checksums`, in
@@ -12,7 +13,12 @@ every reader: the trainer's restore (the whole state, on the devices:
 ``evaluate --model=WORKDIR``, ``load_pretrained``, ``clip_export`` and ``model.init_from``
 (its parameters and BatchNorm statistics only, NumPy arrays on the host:
 :mod:`contrastive_jax.training.models.converters.pretrained_source`), which sums host arrays
-with :func:`host_checksum_record`, the same numbers in NumPy.
+with :func:`host_checksum_record`, the same numbers in NumPy. :func:`read_on_host` reads a
+saved item without a template (both of those readers: the restore, to tell a checkpoint whose
+files are damaged from one that only failed to fit its template).
+
+A room of its own below ``run/`` and ``models/`` (docs/architecture.md), since both read
+checkpoints.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
+from contrastive_jax.errors import CheckpointError
 from contrastive_jax.training.parameter_paths import leaves_by_path
 
 CHECKSUMS = "checksums"  # the checkpoint item (a folder beside state/ and data/)
@@ -185,3 +192,23 @@ def checksums_mismatch(step_dir: str | os.PathLike, tree, *, partial: bool = Fal
         return None
     return None if old == values or sorted(map(tuple, old)) == sorted(map(tuple, values)) \
         else damaged
+
+
+def read_on_host(directory: str | os.PathLike, keys: tuple[str, ...] | None = None):
+    """An orbax PyTree checkpoint item (``checkpoints/<step>/state``) as host NumPy arrays in
+    the layout it was saved in, without a template (its own metadata gives the tree), only the
+    top-level ``keys`` if given. Raises what orbax raises for files it cannot read."""
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(directory)
+    tree = getattr(meta, "item_metadata", meta)
+    tree = getattr(tree, "tree", tree)
+    if tree is None:
+        raise CheckpointError(f"{directory} holds no readable checkpoint metadata")
+    if keys is not None:
+        tree = {k: tree[k] for k in keys if k in tree}
+    item = jax.tree.map(lambda m: np.zeros((), m.dtype), tree)  # structure only
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    return checkpointer.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=restore_args, partial_restore=keys is not None))
