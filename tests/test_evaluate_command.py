@@ -264,7 +264,7 @@ def test_the_output_folder_is_checked_and_locked_before_any_work(setting, capsys
     assert f"in use by another evaluation (pid {os.getpid()} on host" in err
     assert not (held / "results.json").exists()
 
-    stale = held / ".results.json.tmp-999-dead"  # left by a writer killed mid-write
+    stale = held / ".results.json.999.dead.tmp"  # left by a writer killed mid-write
     stale.write_text("{")
     with output_folder(str(held)) as folder:
         assert folder == held and not stale.exists()
@@ -309,7 +309,7 @@ def test_a_refused_write_prints_the_results_and_keeps_the_last_complete_files(
     assert "| linear/mock_shapes | test | acc1 |" in printed
     kept = json.loads((out / "results.json").read_text())
     assert list(kept["tasks"]) == ["fewshot/mock_shapes"]
-    assert not [p.name for p in out.iterdir() if ".tmp-" in p.name]
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
     monkeypatch.undo()
 
     status, printed, err = run_command(

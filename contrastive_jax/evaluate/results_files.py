@@ -31,7 +31,6 @@ import errno
 import io
 import os
 import pathlib
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -42,7 +41,6 @@ from contrastive_jax.training.run.workdir.workdir_path import write_probe
 
 RESULT_FILES = ("results.json", "results.csv", "results.md")
 PER_SEED = "_seed"  # few-shot per-seed scores: in the JSON and CSV, not in the table
-TEMPORARY = ".tmp-"  # in the name of a temporary file: .results.json.tmp-<pid>-<random>
 
 
 @contextlib.contextmanager
@@ -71,8 +69,9 @@ def output_folder(output: str) -> Iterator[pathlib.Path]:
                             "wait for it to finish, or give another --output")
 
     with folder_lock(folder, refusal):
-        for stale in folder.glob(f".*{TEMPORARY}*"):  # a killed writer's; nobody else writes
-            stale.unlink(missing_ok=True)
+        for name in RESULT_FILES:  # a killed writer's temporaries; nobody else writes here
+            for stale in json_output.temporary_files(folder, name):
+                stale.unlink(missing_ok=True)
         yield folder
 
 
@@ -132,15 +131,11 @@ def _number(value: float) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    """``text`` to ``path`` through ``.NAME.tmp-<pid>-<random>`` beside it and a rename; a
-    refused write is a :class:`~contrastive_jax.errors.WorkdirError`, its temporary removed."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}{TEMPORARY}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    """``text`` to ``path`` atomically (:func:`~contrastive_jax.training.run.workdir.
+    json_output.write_text_atomic`: a temporary file of this writer's own, removed if the write
+    fails; a Ctrl-C waits for the rename); a refused write is a
+    :class:`~contrastive_jax.errors.WorkdirError` naming the file."""
     try:
-        with open(tmp, "w", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        json_output.write_text_atomic(path, text)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise WorkdirError(f"cannot write {path} ({_reason(err)})") from None

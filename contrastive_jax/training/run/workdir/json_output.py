@@ -47,10 +47,22 @@ def dumps(value: Any, **kwargs) -> str:
 
 
 def write_atomic(path: str | os.PathLike, value: Any) -> None:
-    """Write ``value`` as indented strict JSON to ``path`` atomically (local: temporary file +
-    fsync + rename; remote: one whole-object upload through :class:`etils.epath.Path`). A
-    Ctrl-C that ends a command meanwhile waits for it (:func:`finish_before_interrupt`)."""
-    text = dumps(value, indent=2) + "\n"
+    """Write ``value`` as indented strict JSON to ``path`` atomically
+    (:func:`write_text_atomic`)."""
+    write_text_atomic(path, dumps(value, indent=2) + "\n")
+
+
+def temporary_files(folder: str | os.PathLike, name: str) -> list[pathlib.Path]:
+    """The temporary files :func:`write_text_atomic` of ``folder/name`` leaves when its
+    process is killed mid-write (``.NAME.PID.HEX.tmp``)."""
+    return sorted(pathlib.Path(folder).glob(f".{name}.*.tmp"))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (local: a temporary file of this writer's own
+    name, ``.NAME.PID.HEX.tmp`` beside it, fsync, rename; removed if the write fails; remote:
+    one whole-object upload through :class:`etils.epath.Path`). A Ctrl-C that ends a command
+    meanwhile waits for it (:func:`finish_before_interrupt`)."""
     with finish_before_interrupt():
         if is_remote(path):
             epath.Path(path).write_text(text)
@@ -61,7 +73,7 @@ def write_atomic(path: str | os.PathLike, value: Any) -> None:
         tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w", newline="") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
