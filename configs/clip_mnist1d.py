@@ -12,7 +12,13 @@ logit scale (init 1 / 0.07, capped at 100). Identical captions in a batch are fa
 import ml_collections
 
 from contrastive_jax.training import augmentations, data
-from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training.config import (
+    TINY_SIGNAL_CNN,
+    base_config,
+    make_quick,
+    model_wide,
+    parse,
+)
 from contrastive_jax.training.data.text import captions
 
 
@@ -40,7 +46,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "siglip": v.loss == "siglip",
         # SigLIP starts at scale 10, bias -10; CLIP at 1 / 0.07
         "init_temperature": 0.1 if v.loss == "siglip" else 0.07,
-        "attention": "auto",  # the text tower's kernel: "auto" | "xla" | "cudnn"
+        # float32 compute, no remat; the text tower's attention kernel: "auto" | "xla" |
+        # "cudnn" (docs/training.md)
+        **model_wide(attention="auto"),
     }
     config.method = v.loss
     # identical captions are positives, not false negatives (docs/derivations.md §5.4)

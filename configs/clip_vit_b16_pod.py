@@ -68,14 +68,17 @@ resampled to the 14 x 14 grid, docs/pretrained.md; the source's patch dropout is
 over).
 
 Patch dropout (FLIP, docs/training.md "Cheaper training"): the variant ``patch_dropout=0.5``
-trains with each image keeping half of its 196 patch tokens (evaluation keeps all); the
-unmasked tuning phase is the same config with ``--config.model.sample_encoder.patch_dropout=0``
-and ``--accept_config_change`` on the same workdir.
+(or ``--config.model.sample_encoder.patch_dropout=0.5``: the template writes the field, 0.0
+by default) trains with each image keeping half of its 196 patch tokens (evaluation keeps
+all); the unmasked tuning phase is the same config with
+``--config.model.sample_encoder.patch_dropout=0`` and ``--accept_config_change`` on the same
+workdir.
 
 Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
-``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``pretrained``, ``mode``,
+``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``accumulation``, ``pretrained``, ``mode``,
 ``patch_dropout``, ``res``, ``tiny`` (a
-few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step: the
+few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step, or
+``steps=N`` steps: the
 test suite runs it on 8 CPU devices on mock ``coco_captions``, written by
 ``python -m contrastive_jax.training.data.prepare --mock coco_captions``).
 """
@@ -87,7 +90,8 @@ import ml_collections
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations, data
 from contrastive_jax.training.augmentations import pixels
-from contrastive_jax.training.config import base_config, parse
+from contrastive_jax.training.config import base_config, model_wide, parse
+from contrastive_jax.training.models.dropout import check_patch_dropout
 
 # Training examples of the datasets whose step count the template derives from ``epochs``
 # (TFDS catalog sizes of the prepared splits).
@@ -108,7 +112,7 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
               steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
-              pretrained="", mode="locked", patch_dropout=None, res=0)
+              pretrained="", mode="locked", patch_dropout=0.0, res=0)
     config = base_config()
     config.data = data.default_data_config()
     split, eval_split = TRAIN_SPLIT.get(v.data, "train"), "val"
@@ -147,18 +151,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # flat in depth; False: unrolled, docs/training.md)
         "sample_encoder": {"name": "vit", "image_size": 224, "patch": 16, "in_channels": 3,
                            "width": 768, "depth": 12, "heads": 12, "mlp_ratio": 4,
-                           "features": 768, "scan": True},
+                           "features": 768, "scan": True, "patch_dropout": 0.0},
         "text_encoder": {"name": "text_transformer", "vocab_size": 32000, "max_tokens": 32,
                          "width": 512, "depth": 12, "heads": 8, "mlp_ratio": 4,
                          "features": 512, "scan": True},
         "embed_dim": 512,
         "init_temperature": 0.07,
         # bf16 matmuls, float32 parameters, optimiser state and loss statistics; every
-        # Transformer block recomputed in the backward pass (docs/training.md)
-        "dtype": "bfloat16",
-        "remat": True,
-        # cuDNN's fused attention on a GPU where it applies, else XLA (encoders/attention.py)
-        "attention": "auto",
+        # Transformer block recomputed in the backward pass (docs/training.md); cuDNN's fused
+        # attention on a GPU where it applies, else XLA (encoders/attention.py)
+        **model_wide(dtype="bfloat16", remat=True, attention="auto"),
     }
     # parameters and AdamW moments split over the 256 chips (docs/sharding.md)
     config.sharding.params = "fsdp"
@@ -183,7 +185,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if v.tiny:
         config.data.update({"batch_size": 16, "eval_batch_size": 16, "num_threads": 1,
                             "worker_count": 0, "prefetch": 1})
-        config.total_steps = 1
+        config.total_steps = v.steps or 1
         config.log_every = 1
         config.optimizer.warmup_steps = 0
         config.loss.block_size = 2
@@ -200,12 +202,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def _cheaper(config: ml_collections.ConfigDict, res: int,
-             patch_dropout: float | None) -> ml_collections.ConfigDict:
+             patch_dropout: float) -> ml_collections.ConfigDict:
     """``res=N``: images of N x N pixels, cropped and resized so on the host and fed to a ViT
     of that size (CLIPA's low-resolution pre-training; 0: the config's own size);
-    ``patch_dropout=P``: each training image keeps 1 - P of its patch tokens (FLIP)."""
-    if patch_dropout is not None:
-        config.model.sample_encoder.patch_dropout = patch_dropout
+    ``patch_dropout=P``: each training image keeps 1 - P of its patch tokens (FLIP; 0: all,
+    written out so that ``--config.model.sample_encoder.patch_dropout`` can set it)."""
+    config.model.sample_encoder.patch_dropout = check_patch_dropout(patch_dropout)
     if res:
         if not isinstance(res, int) or isinstance(res, bool) or res < 1:
             raise ConfigError(f"res={res!r}: give the image size in pixels, e.g. res=112")
@@ -237,10 +239,12 @@ def _from_pretrained(config: ml_collections.ConfigDict, source: str, mode: str, 
         raise ConfigError(f"pretrained={source} has no tokenizer file: give its own with "
                           f"tokenizer=FILE (kind {spec['kind']!r}: CLIP's "
                           "bpe_simple_vocab_16e6.txt.gz or a SigLIP model's spiece.model)")
-    # the source's architecture; its patch dropout was a setting of its training run
+    # the source's architecture; its patch dropout was a setting of its training run (this
+    # run's is the variant's, 0.0 by default: _cheaper)
     towers = {k: {"scan": True, **{s: u for s, u in block[k].items() if s != "patch_dropout"}}
               for k in ("sample_encoder", "text_encoder")}
-    config.model = {**block, **towers, "dtype": "bfloat16", "remat": True, "attention": "auto",
+    config.model = {**block, **towers,
+                    **model_wide(dtype="bfloat16", remat=True, attention="auto"),
                     "init_from": {"path": source}}
     if mode == "locked":
         config.model.frozen = "sample_encoder"

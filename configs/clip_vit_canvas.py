@@ -20,7 +20,7 @@ Variants: ``patch_dropout=P`` (FLIP: each training image keeps ``1 - P`` of its 
 import ml_collections
 
 from contrastive_jax.training import augmentations, data
-from contrastive_jax.training.config import base_config, make_quick, parse
+from contrastive_jax.training.config import base_config, make_quick, model_wide, parse
 from contrastive_jax.training.data.text import captions
 
 PATCH = 4
@@ -56,6 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                          "heads": 4, "features": 64, "scan": True},
         "embed_dim": 64,
         "init_temperature": 0.07,
+        # float32 compute, no remat, the towers' attention kernel (docs/training.md)
+        **model_wide(attention="auto"),
     }
     config.method = "clip"
     config.loss = {"name": "clip", "positive_ids": "label"}

@@ -13,7 +13,7 @@ log N (log 64 = 4.16 at batch 64; docs/derivations.md §15.3). Variants: ``mi``,
 import ml_collections
 
 from contrastive_jax.training import data
-from contrastive_jax.training.config import base_config, parse
+from contrastive_jax.training.config import base_config, model_wide, parse
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                          "features": 32},
         "embed_dim": 32,
         "init_temperature": 0.1,
+        **model_wide(),  # float32 compute, no remat (docs/training.md)
     }
     config.method = "mi_critic"
     config.loss = {"name": "clip", "direction": "x_to_y", "impl": "autodiff"}

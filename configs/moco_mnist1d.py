@@ -10,7 +10,13 @@ Variants: ``batch``, ``epochs``, ``queue`` (a multiple of ``batch``), ``momentum
 import ml_collections
 
 from contrastive_jax.training import augmentations, data
-from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training.config import (
+    TINY_SIGNAL_CNN,
+    base_config,
+    make_quick,
+    model_wide,
+    parse,
+)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -28,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "encoder": {"name": "signal_cnn", "length": 40, "channels": (64, 128, 128),
                     "kernel_sizes": (5, 3, 3), "strides": (2, 2, 1), "features": 256},
         "head": {"hidden": 256, "out": 128, "layers": 2},
+        **model_wide(),  # float32 compute, no remat (docs/training.md)
     }
     config.method = "moco"
     config.moco = {"momentum": v.momentum, "queue_size": v.queue}  # MoCoSettings

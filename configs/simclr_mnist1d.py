@@ -10,7 +10,13 @@ Variants (``configs/simclr_mnist1d.py:key=value,...``): ``batch`` (global batch)
 import ml_collections
 
 from contrastive_jax.training import augmentations, data
-from contrastive_jax.training.config import TINY_SIGNAL_CNN, base_config, make_quick, parse
+from contrastive_jax.training.config import (
+    TINY_SIGNAL_CNN,
+    base_config,
+    make_quick,
+    model_wide,
+    parse,
+)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -33,6 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "head": {"hidden": 256, "out": 128, "layers": 2},
         "learn_temperature": v.learn_temperature,
         "init_temperature": v.temperature,
+        **model_wide(),  # float32 compute, no remat (docs/training.md)
     }
     config.method = "simclr"
     config.loss = {"name": "nt_xent", "temperature": v.temperature, "impl": "tiled",

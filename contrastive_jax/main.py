@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pathlib
 import sys
 import traceback
 import uuid
@@ -95,7 +96,9 @@ def parse_trainer_flags(argv: list[str]) -> list[str]:
 
     An unknown config key, a bad variant, a value that does not parse, a config file that
     does not load: each becomes one message naming what to change, instead of absl's
-    ``FATAL Flags parsing error`` with the config loader's traceback inside.
+    ``FATAL Flags parsing error`` with the config loader's traceback inside. An override of a
+    field the config does not have, at any depth, says what works instead
+    (:func:`_unknown_key_error`).
     """
     try:
         return flags.FLAGS(argv)
@@ -107,17 +110,100 @@ def parse_trainer_flags(argv: list[str]) -> list[str]:
             raise ConfigError(last_line(cause)) from None
         raise _config_file_error(err, argv) or flag_error(err, PROGRAM) from None
     except AttributeError as err:  # ml_collections: an override naming no field
-        raise _config_file_error(err, argv) or ConfigError(
-            "unknown config key " + str(err).strip().strip("'\"").replace("\\n", "\n")
-            .replace("\\'", "'")) from None
+        raise _config_file_error(err, argv) or _unknown_key_error(err, argv) or ConfigError(
+            "unknown config key " + _key_text(err)) from None
     except Exception as err:  # the config file's own code raised: its line, not importlib's
         config_error = _config_file_error(err, argv)
+        if config_error is None and isinstance(err, KeyError):  # an override's missing block
+            config_error = _unknown_key_error(err, argv)
         if config_error is None and isinstance(err, OSError) and \
                 "earlier failure to load" in str(err):  # an override of a file not loaded
             config_error = ConfigError(f"--config could not be loaded: {last_line(err)}")
         if config_error is None:
             raise
         raise config_error from err  # its traceback with CONTRASTIVE_JAX_TRACEBACK=1
+
+
+def _key_text(err: BaseException) -> str:
+    """ml_collections' text of a missing key: ``name``, then its "Did you mean ..." if any."""
+    return str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
+
+
+def _unknown_key_error(err: BaseException, argv: list[str]) -> ConfigError | None:
+    """The :class:`ConfigError` of an override ``--config.a.b=value`` naming a field the
+    config does not have (``err``: ml_collections' error for it), on one line: the key, the
+    flag and what works instead: the setting that does
+    (:func:`~contrastive_jax.training.models.unwritten_setting_hint`), a variant of the config
+    file of that name (with the flag's value), or else the keys of the block the path reaches.
+    ``None`` when no override names a missing field (``err`` is not about one)."""
+    from ml_collections import config_flags as loader
+
+    from contrastive_jax.training.models import unwritten_setting_hint
+
+    specs = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    specs += [b for a, b in itertools.pairwise(argv) if a == "--config"]
+    if not specs:
+        return None
+    argv_of_config = ["main", f"--config={specs[-1]}"]  # the config before the overrides
+    flag_values = flags.FlagValues()
+    loader.DEFINE_config_file("config", None, flag_values=flag_values, sys_argv=argv_of_config)
+    try:
+        flag_values(argv_of_config)
+        config = flag_values.config.to_dict()
+    except Exception:
+        return None
+    for arg in argv:
+        flag, _, value = arg.partition("=")
+        path = flag.removeprefix("--config.").split(".")
+        reached = _reached(config, path) if flag.startswith("--config.") else None
+        if reached is None:
+            continue
+        missing, block = path[len(reached)], _at(config, reached)
+        text = _key_text(err).splitlines()
+        mean = f" {text[1]}" if len(text) > 1 and text[0].strip("'\"") == missing else ""
+        hints = [unwritten_setting_hint(config["model"], path[1:])
+                 if path[0] == "model" and isinstance(config.get("model"), dict) else ""]
+        file, _, variants = specs[-1].partition(":")
+        for key in dict.fromkeys((missing, path[-1])):
+            if key in _variant_names(file):
+                chosen = ",".join([*filter(None, variants.split(",")),
+                                   f"{key}={value or 'VALUE'}"])
+                hints.append(f"the config file's variant {key} sets it: --config={file}:{chosen}")
+        hints = [h for h in hints if h]
+        if not hints and not mean:
+            hints = [f"{'.'.join(reached) or 'the config'} has {', '.join(sorted(block))}"
+                     if isinstance(block, dict) else f"{'.'.join(reached)} is a value"]
+        return ConfigError(f"unknown config key {missing} ({arg})." + mean
+                           + (f" What works: {'; '.join(hints)}" if hints else ""))
+    return None
+
+
+def _reached(config: dict, path: list[str]) -> list[str] | None:
+    """The leading keys of ``path`` that name nested blocks of ``config`` up to the first key
+    their block does not have; ``None`` when the whole path names a field."""
+    block = config
+    for depth, key in enumerate(path):
+        if not isinstance(block, dict) or key not in block:
+            return path[:depth]
+        block = block[key]
+    return None
+
+
+def _at(config: dict, path: list[str]):
+    """The value of ``config`` at the keys ``path``."""
+    for key in path:
+        config = config[key]
+    return config
+
+
+def _variant_names(file: str) -> set[str]:
+    """The variant names of a config file (:func:`~contrastive_jax.command_line.
+    config_variants`, read without running it); none for a file that cannot be read."""
+    try:
+        found = command_line.config_variants(pathlib.Path(file))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    return {v.partition("=")[0] for v in found or ()}
 
 
 def _config_file_error(err: BaseException, argv: list[str]) -> ConfigError | None:

@@ -10,10 +10,16 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import train
-from contrastive_jax.training.run.workdir.config_record import changes, flatten, plain
+from contrastive_jax.training.run.workdir.config_record import (
+    changes,
+    check_config,
+    flatten,
+    plain,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_reliability import command, quick, run_command_lines
+from test_train import load_config
 from trained_workdirs import simclr_quick_workdir
 
 
@@ -32,6 +38,39 @@ def test_plain_flatten_and_changes():
     assert changes(record, other) == [("loss.max_scale", "inf", 100.0),
                                       ("new", "<absent>", 1)]
     assert changes(record, record) == []
+
+
+@pytest.mark.parametrize(("spec", "unwritten"), [
+    ("simclr_mnist1d.py:quick", ("model.dtype", "model.remat")),
+    ("mi_gaussian.py:quick", ("model.dtype", "model.remat")),
+    ("clip_mnist1d.py:quick", ("model.dtype", "model.remat")),
+    ("clip_vit_canvas.py:quick", ("model.dtype", "model.remat", "model.attention")),
+    ("clip_vit_b16_pod.py:tiny", ("model.sample_encoder.patch_dropout",))])
+def test_a_record_without_the_settings_configs_now_write_resumes(tmp_path, spec, unwritten):
+    """The shipped configs write out ``model.dtype`` and ``model.remat`` (and ``attention``
+    with a Transformer tower), the pod template its ViT's ``patch_dropout``, at the values a
+    block without them runs with, so that the command line can set them: a workdir recorded
+    before, without them (``unwritten``), resumes with today's config of the same run; another
+    value is still a change, named."""
+    config = load_config(spec)
+    record = plain(config)
+    for path in unwritten:
+        *blocks, key = path.split(".")
+        block = record
+        for name in blocks:
+            block = block[name]
+        del block[key]
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    assert check_config(config, tmp_path, resuming_from=6) == []
+    if "model.dtype" in unwritten:
+        config.model.dtype = "bfloat16"
+        with pytest.raises(ConfigError, match=r"Differences: model\.dtype: 'float32' -> "
+                                              r"'bfloat16'\."):
+            check_config(config, tmp_path, resuming_from=6)
+    else:
+        config.model.sample_encoder.patch_dropout = 0.5
+        assert check_config(config, tmp_path, resuming_from=6, accept_change=True) == [
+            ("model.sample_encoder.patch_dropout", 0.0, 0.5)]
 
 
 def test_resume_with_another_config_stops_unless_accepted(tmp_path, capsys):

@@ -136,7 +136,7 @@ def load_config(spec: str):
 def test_the_pod_template_variant_sets_it_and_the_tuning_override_clears_it():
     config = load_config(f"{TEMPLATE}:patch_dropout=0.5")
     assert config.model.sample_encoder.patch_dropout == 0.5
-    assert "patch_dropout" not in load_config(str(TEMPLATE)).model.sample_encoder
+    assert load_config(str(TEMPLATE)).model.sample_encoder.patch_dropout == 0.0  # written out
     config.model.sample_encoder.patch_dropout = 0  # what the tuning phase's override sets
     assert config.model.sample_encoder.patch_dropout == 0.0  # the field is a float
     low = load_config(f"{TEMPLATE}:res=112")  # CLIPA's low resolution: 49 patches

@@ -9,8 +9,12 @@ features and splits, ``tfds.testing``'s random examples.
 import json
 import math
 
+import ml_collections
 import numpy as np
 import pytest
+from absl import flags
+from ml_collections import config_flags
+from test_reliability import REPO, run_command_lines
 from test_train import load_config
 
 from contrastive_jax import evaluate
@@ -109,6 +113,111 @@ def test_pod_template_step_count_comes_from_epochs():
     tiny = load_config("clip_vit_b16_pod.py:tiny")
     tiny.model.text_encoder.vocab_size = 40  # the preprocessing's check follows the model
     assert tiny.data.preprocess.vocab_size == 40
+
+
+def flag_config(spec: str, *overrides: str) -> ml_collections.ConfigDict:
+    """``configs/<spec>`` with the ``--config.a.b=value`` ``overrides`` applied as the command
+    line's ``--config`` flag applies them (a locked ConfigDict)."""
+    argv = ["main", f"--config={REPO / 'configs' / spec}", *overrides]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=values, lock_config=True,
+                                    sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+def test_tiny_runs_the_steps_it_is_given():
+    """``tiny`` is one step unless ``steps=N`` says otherwise (it was one step whatever
+    ``steps`` said)."""
+    assert load_config("clip_vit_b16_pod.py:tiny").total_steps == 1
+    assert load_config("clip_vit_b16_pod.py:tiny,steps=5").total_steps == 5
+    assert flag_config("clip_vit_b16_pod.py:tiny,steps=5").optimizer.warmup_steps == 0
+
+
+def test_the_documented_flags_set_the_template_without_its_variants():
+    """FLIP's ``--config.model.sample_encoder.patch_dropout`` (docs/training.md) without the
+    variant ``patch_dropout=`` (it was an unknown key: the template wrote the field only with
+    the variant), a tower's ``scan``, and ``model.remat`` as a policy or one per tower (a
+    boolean field refused both); the per-tower mapping freezes as the run freezes its config.
+    A bad ``patch_dropout=`` variant stops at load, naming the range."""
+    from contrastive_jax.training.models import remat_policies
+
+    plain = flag_config("clip_vit_b16_pod.py:tiny")
+    assert plain.model.sample_encoder.patch_dropout == 0.0
+    config = flag_config("clip_vit_b16_pod.py:tiny",
+                         "--config.model.sample_encoder.patch_dropout=0.5",
+                         "--config.model.sample_encoder.scan=False",
+                         "--config.model.remat=dots_saveable")
+    assert config.model.sample_encoder.patch_dropout == 0.5
+    assert config.model.sample_encoder.scan is False and config.model.remat == "dots_saveable"
+    config = flag_config("clip_vit_b16_pod.py:tiny",
+                         "--config.model.remat={'sample_encoder': 'dots_saveable'}")
+    frozen = ml_collections.FrozenConfigDict(config)
+    assert remat_policies(frozen.model, ("sample_encoder", "text_encoder")) == {
+        "sample_encoder": "dots_saveable", "text_encoder": None}
+    with pytest.raises(ConfigError, match=r"^ViT patch_dropout is the fraction of patch tokens "
+                                          r"dropped in training and must lie in \[0, 1\) "
+                                          r"\(0: off\); got 'half'$"):
+        load_config("clip_vit_b16_pod.py:tiny,patch_dropout=half")
+
+
+@pytest.mark.parametrize("spec", ["simclr_mnist1d.py:quick", "moco_mnist1d.py:quick",
+                                  "clip_mnist1d.py:quick", "mi_gaussian.py:quick",
+                                  "clip_vit_canvas.py:quick", "clip_vit_b16_pod.py:tiny",
+                                  "lit_mnist1d.py:mode=scratch,quick"])
+def test_the_readme_s_pod_scale_flags_apply_to_every_config(spec):
+    """``--config.model.dtype=bfloat16`` and ``--config.model.remat=True`` (README, "At pod
+    scale") on every shipped config: they were unknown keys outside the pod template."""
+    config = flag_config(spec, "--config.model.dtype=bfloat16", "--config.model.remat=True")
+    assert (config.model.dtype, config.model.remat) == ("bfloat16", True)
+
+
+REFUSED_SETTINGS = [  # a documented name where it cannot apply: what works instead
+    (["--config=configs/clip_mnist1d.py:quick", "--config.model.sample_encoder.scan=True"],
+     "error: unknown config key scan (--config.model.sample_encoder.scan=True). What works: "
+     "model.sample_encoder (encoder 'signal_cnn') has no Transformer blocks to scan (scan "
+     "applies to a 'vit' or 'text_transformer' tower; this config's: "
+     "--config.model.text_encoder.scan)\n"),
+    # a tower the model does not have: was a KeyError with its traceback (status 1)
+    (["--config=configs/simclr_mnist1d.py:quick", "--config.model.sample_encoder.scan=True"],
+     "error: unknown config key sample_encoder (--config.model.sample_encoder.scan=True). What "
+     "works: this config's towers are model.encoder ('signal_cnn'); scan applies to a 'vit' or "
+     "'text_transformer' tower; this config has none\n"),
+    (["--config=configs/clip_mnist1d.py:quick",
+      "--config.model.sample_encoder.patch_dropout=0.5"],
+     "error: unknown config key patch_dropout (--config.model.sample_encoder.patch_dropout=0.5). "
+     "What works: model.sample_encoder (encoder 'signal_cnn') has no patch tokens to drop "
+     "(patch_dropout applies to a 'vit' tower; this config has none)\n"),
+    (["--config=configs/clip_vit_b16_pod.py:tiny", "--config.steps=5"],
+     "error: unknown config key steps (--config.steps=5). What works: the config file's variant "
+     "steps sets it: --config=configs/clip_vit_b16_pod.py:tiny,steps=5\n"),
+    (["--config=configs/simclr_mnist1d.py:quick", "--config.model.remat_policy=dots_saveable"],
+     "error: unknown config key remat_policy (--config.model.remat_policy=dots_saveable). What "
+     "works: set the policy with --config.model.remat=POLICY (every tower; one of "
+     "nothing_saveable, dots_saveable, dots_with_no_batch_dims_saveable) or one per tower, "
+     "--config.model.remat=\"{'TOWER': 'POLICY'}\"\n"),
+    (["--config=configs/simclr_mnist1d.py:quick", "--config.model.xyzzy=1"],
+     "error: unknown config key xyzzy (--config.model.xyzzy=1). What works: model has dtype, "
+     "encoder, head, init_temperature, learn_temperature, name, remat\n"),
+    (["--config=configs/simclr_mnist1d.py:quick", "--config.data.batchsize=8"],
+     "error: unknown config key batchsize (--config.data.batchsize=8). Did you mean "
+     "\"batch_size\" instead of \"batchsize\"?\n"),
+    (["--config=configs/simclr_mnist1d.py:quick", "--config.model.attention=xla"],
+     "error: unknown config key attention (--config.model.attention=xla). What works: "
+     "model.attention picks the kernel of the Transformer towers (vit, text_transformer); this "
+     "config's model has none\n"),
+]
+
+
+def test_documented_settings_that_cannot_apply_say_what_works(tmp_path):
+    """Each command line of :data:`REFUSED_SETTINGS` (one forked child each,
+    tests/forked_command_lines.py) exits 2 with its one line: the setting that works, the
+    variant that sets it, or that the config has no tower it applies to (it used to be
+    "unknown config key scan", or a traceback for a tower the model does not have)."""
+    runs = run_command_lines([[*args, f"--workdir={tmp_path / str(i)}"]
+                              for i, (args, _) in enumerate(REFUSED_SETTINGS)])
+    for run, (args, message) in zip(runs, REFUSED_SETTINGS, strict=True):
+        assert (run.returncode, run.stderr) == (2, message), args
 
 
 def test_pod_template_runs_at_tiny_size_on_mock_coco(mock_coco, tmp_path, capsys):
@@ -213,7 +322,7 @@ def test_clipa_recipe_low_resolution_masked_then_full_resolution_from_its_workdi
     full = load_config(f"clip_vit_b16_pod.py:tiny,tokenizer={model},"
                        f"pretrained={tmp_path / 'low'},mode=finetune,res=32")
     assert full.model.sample_encoder.image_size == full.data.preprocess.image_size == 32
-    assert "patch_dropout" not in full.model.sample_encoder and "frozen" not in full.model
+    assert full.model.sample_encoder.patch_dropout == 0.0 and "frozen" not in full.model
     full.data.data_dir, full.evaluation.enabled = data_dir, False
     capsys.readouterr()
     results = train.train_and_evaluate(full, str(tmp_path / "full"))

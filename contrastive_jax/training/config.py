@@ -5,12 +5,19 @@
 parsed as Python literals when they are, else kept as strings) and bare words (``quick`` ->
 ``quick=True``). Only keys with a default are accepted; an unknown one is a ValueError naming
 the closest valid key.
+
+A ``--config.a.b=value`` flag can set only a field the config file writes, so every shipped
+config writes the model-wide settings (:func:`model_wide`); an override of a field it does not
+write is a ConfigError saying what works instead (:func:`contrastive_jax.main.
+parse_trainer_flags`).
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 from ml_collections.config_dict import placeholder
@@ -161,3 +168,36 @@ def make_quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     config.loss.impl = "autodiff"
     config.evaluation.l2_grid = (1e-4,)
     return config
+
+
+class AnySetting(ml_collections.FieldReference):
+    """A config field that takes a value of any type (``model.remat``: a bool, a policy name
+    or one entry per tower), from Python or the command line; a mapping becomes a
+    ConfigDict, as a plain field's would, so the config still freezes
+    (``ml_collections.FrozenConfigDict`` refuses a dict)."""
+
+    def __init__(self, default: Any):
+        super().__init__(self._converted(default), field_type=object)
+
+    def set(self, value: Any, type_safe: bool = True) -> None:
+        super().set(self._converted(value), type_safe)
+
+    @staticmethod
+    def _converted(value: Any) -> Any:
+        if isinstance(value, Mapping) and not isinstance(value, ml_collections.ConfigDict):
+            return ml_collections.ConfigDict(value)
+        return value
+
+
+def model_wide(dtype: str = "float32", remat: Any = False, attention: str | None = None
+               ) -> dict[str, Any]:
+    """The model-wide settings a config's ``model`` block writes out so that the command line
+    can set them (:mod:`contrastive_jax.training.models`): ``dtype``, ``remat`` (an
+    :class:`AnySetting`: ``--config.model.remat=True``, a policy name such as
+    ``dots_saveable``, or one entry per tower, ``"{'sample_encoder': 'dots_saveable'}"``) and,
+    for a model with Transformer towers, ``attention`` (``None``: not written). The defaults
+    are the values a block without them runs with."""
+    block = {"dtype": dtype, "remat": AnySetting(remat)}
+    if attention is not None:
+        block["attention"] = attention
+    return block

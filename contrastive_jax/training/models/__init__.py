@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flax import nnx
@@ -75,6 +75,12 @@ MOVED_TO_METHODS = {"momentum": "moco.momentum", "queue_size": "moco.queue_size"
 TRAINING_SETTINGS = ("frozen", "init_from")
 # every model takes the whole-model settings (compute dtype, rematerialisation, attention)
 MODEL_WIDE = {"dtype", "remat", "remat_policy", "attention"}
+# the value a model block without the setting runs with (build_model's defaults); the shipped
+# configs write these out, so the command line can set them (training/config.py: model_wide)
+MODEL_WIDE_DEFAULTS = {"dtype": "float32", "remat": False, "attention": "auto"}
+# the settings of an encoder that configs write out since a release whose records lack them,
+# with the value those records ran with (upgraded_model_block)
+WRITTEN_TOWER_DEFAULTS = {"vit": {"patch_dropout": 0.0}}
 # the towers of each model, as model.remat names them per tower
 TOWERS = {"projected_encoder": ("encoder",), "dual_encoder": ("sample_encoder", "text_encoder")}
 MODEL_KEYS = {
@@ -197,11 +203,23 @@ def upgraded_model_block(config: Mapping[str, Any]) -> dict[str, Any]:
     """A ``model`` block recorded by an earlier release in today's keys, silently (a record is
     not the user's to edit): a deprecated ``name`` (:data:`DEPRECATED_MODEL_NAMES`) replaced by
     the model it names, the settings that moved to a method's block (:data:`MOVED_TO_METHODS`)
-    left out (:func:`~contrastive_jax.training.run.workdir.config_record.upgrade` moves them).
-    Today's blocks come back as they are (a copy)."""
+    left out (:func:`~contrastive_jax.training.run.workdir.config_record.upgrade` moves them),
+    and the settings today's configs write out at the value a block without them ran with:
+    ``dtype`` and ``remat`` of the model (:data:`MODEL_WIDE_DEFAULTS`) and a ViT tower's
+    ``patch_dropout`` (:data:`WRITTEN_TOWER_DEFAULTS`), so a record written before the
+    configs carried them compares equal to today's config of the same run. A block of no
+    known model comes back as it is (a copy)."""
     block = {k: v for k, v in dict(config).items() if k not in MOVED_TO_METHODS}
     if block.get("name") in DEPRECATED_MODEL_NAMES:
         block["name"] = DEPRECATED_MODEL_NAMES[block["name"]]
+    if block.get("name") not in MODELS:
+        return block
+    for key in ("dtype", "remat"):  # attention may change on a resume: not filled
+        block.setdefault(key, MODEL_WIDE_DEFAULTS[key])
+    for tower in TOWERS[block["name"]]:
+        settings = block.get(tower)
+        if isinstance(settings, Mapping) and settings.get("name") in WRITTEN_TOWER_DEFAULTS:
+            block[tower] = {**WRITTEN_TOWER_DEFAULTS[settings["name"]], **settings}
     return block
 
 
@@ -235,6 +253,56 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias",
                                       "sample_projection", "text_projection") if k in config}
     return DualEncoder(sample, text, dtype=dtype, rngs=rngs, **options)
+
+
+def unwritten_setting_hint(model: Mapping[str, Any], keys: Sequence[str]) -> str:
+    """What works instead of ``model.<keys>`` (a path of keys under the ``model`` block) that
+    the block does not write, so that ``--config.model.<keys>=...`` names no field: a tower's
+    ``scan`` or ``patch_dropout`` where the tower's kind has no blocks or patches (the towers
+    that take it), the remat policy through ``model.remat``, ``attention`` without a
+    Transformer tower, a setting the model or the encoder takes that the config file must write
+    (with its default), the arguments of the encoder; ``""`` when none applies."""
+    towers = {t: dict(v) for t, v in model.items() if t in ("encoder", "sample_encoder",
+                                                             "text_encoder")
+              and isinstance(v, Mapping)}
+    applies = {"scan": SCANNABLE, "patch_dropout": ("vit",)}
+    what = {"scan": "Transformer blocks to scan", "patch_dropout": "patch tokens to drop"}
+
+    def where_it_works(setting: str) -> str:
+        found = [f"--config.model.{t}.{setting}" for t, v in towers.items()
+                 if v.get("name") in applies[setting] and setting in v]
+        return (f"{setting} applies to a {' or '.join(map(repr, applies[setting]))} tower; "
+                + (f"this config's: {', '.join(found)}" if found else "this config has none"))
+
+    keys = list(keys)
+    if len(keys) == 2 and keys[0] not in model and keys[1] in applies:  # a tower it lacks
+        have = ", ".join(f"model.{t} ({v.get('name')!r})" for t, v in towers.items())
+        return f"this config's towers are {have or 'none'}; {where_it_works(keys[1])}"
+    if len(keys) == 2 and keys[0] in towers and towers[keys[0]].get("name") in ENCODERS:
+        tower, key, kind = keys[0], keys[1], towers[keys[0]]["name"]
+        if key in applies and kind not in applies[key]:
+            return f"model.{tower} (encoder {kind!r}) has no {what[key]} ({where_it_works(key)})"
+        defaults = with_defaults({"name": kind})
+        if key in defaults:
+            return (f"model.{tower} (encoder {kind!r}) runs with {key} = {defaults[key]!r}, "
+                    "which the config file does not write, so no flag can set it: write it in "
+                    f"the config file's model.{tower} block")
+        takes = set(inspect.signature(ENCODERS[kind].__init__).parameters)
+        return f"encoder {kind!r} takes {', '.join(sorted(takes - {'self', 'rngs', *MODEL_WIDE}))}"
+    if len(keys) != 1:
+        return ""
+    if keys[0] == "remat_policy":
+        return (f"set the policy with --config.model.remat=POLICY (every tower; one of "
+                f"{', '.join(POLICIES)}) or one per tower, "
+                "--config.model.remat=\"{'TOWER': 'POLICY'}\"")
+    if keys[0] == "attention" and not any(v.get("name") in _ATTENTION for v in towers.values()):
+        return ("model.attention picks the kernel of the Transformer towers (vit, "
+                "text_transformer); this config's model has none")
+    name = DEPRECATED_MODEL_NAMES.get(model.get("name"), model.get("name"))
+    if keys[0] in MODEL_KEYS.get(name, set()) | set(TRAINING_SETTINGS):
+        return (f"model.{keys[0]} is a setting of a {name!r} model that the config file does "
+                "not write, so no flag can set it: write it in the config file's model block")
+    return ""
 
 
 def _defaults(cls, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -276,8 +344,9 @@ def _construct(cls, kwargs: dict, rngs: nnx.Rngs, what: str, settings: dict):
     return cls(**kwargs, **settings, rngs=rngs)
 
 
-__all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MOVED_TO_METHODS",
-           "TRAINING_SETTINGS", "DualEncoder",
+__all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MODEL_WIDE_DEFAULTS",
+           "MOVED_TO_METHODS", "TRAINING_SETTINGS", "WRITTEN_TOWER_DEFAULTS", "DualEncoder",
            "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet", "SignalCNN",
            "TextTransformer", "ViT", "architecture_block", "build_encoder", "build_model",
-           "model_name", "model_settings", "upgraded_model_block", "with_defaults"]
+           "model_name", "model_settings", "unwritten_setting_hint", "upgraded_model_block",
+           "with_defaults"]
