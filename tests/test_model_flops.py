@@ -79,6 +79,19 @@ def test_scan_remat_and_accumulation_do_not_change_the_count():
     assert as_run < 0.5 * counted[0]
 
 
+@pytest.mark.parametrize("remat", ["dots_saveable", {"sample_encoder": "dots_saveable"}])
+def test_the_counted_config_drops_remat_given_as_a_policy_or_per_tower(remat):
+    """``model.remat`` as a policy name or one entry per tower (as ``--config.model.remat=``
+    sets it) is replaced by False in the counted copy (a bool over a string raised a
+    TypeError, and the run silently showed no TFLOP/s); the config itself is unchanged."""
+    config = pod_tiny()
+    config.model.remat = remat
+    assert model_flops.counting_config(config).model.remat is False
+    kept = model_flops.counting_config(config, keep_remat=True).model.remat
+    assert (kept.to_dict() if hasattr(kept, "to_dict") else kept) == remat
+    assert config.model.remat == model_flops.counting_config(config, keep_remat=True).model.remat
+
+
 def test_patch_dropout_and_a_lower_resolution_cut_the_template_s_count():
     """The ViT-B/16 template's widths, image and context sizes (one block a tower: every
     block costs the same, so the ratios are the 12-block ones; benchmarks/cheaper_clip_bench.py

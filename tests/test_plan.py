@@ -179,6 +179,14 @@ def test_with_overrides_copies_and_may_add_remat():
                                    "sharding.params": "fsdp"})
     assert (copy.accumulation_steps, copy.model.remat, copy.sharding.params) == (2, True, "fsdp")
     assert config.accumulation_steps == 1 and not config.model.get("remat")  # unchanged
+    # remat given as a policy or one entry per tower (--config.model.remat=...): the search's
+    # True replaces it (a bool over a string raised a TypeError)
+    for remat in ("dots_saveable", {"sample_encoder": "dots_saveable"}):
+        template = load_config("clip_vit_b16_pod.py:tiny")
+        template.model.remat = remat
+        kept = template.model.remat
+        assert with_overrides(template, {"model.remat": True}).model.remat is True
+        assert template.model.remat is kept  # unchanged
 
 
 def test_the_status_line_says_what_compiles_and_when_it_is_done():

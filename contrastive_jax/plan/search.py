@@ -31,7 +31,9 @@ def with_overrides(config, overrides: Mapping[str, object]):
     if isinstance(config, ml_collections.FrozenConfigDict):  # a RunSpec's: thawed
         config = config.as_configdict()
     copy = config.copy_and_resolve_references()
-    with copy.unlocked():  # model.remat may be new to a config that never set it
+    # unlocked: model.remat may be new to a config that never set it; ignore_type: it may
+    # hold a policy name or one entry per tower, which the search's True replaces
+    with copy.unlocked(), copy.ignore_type():
         for key, value in overrides.items():
             *parents, leaf = key.split(".")
             node = copy

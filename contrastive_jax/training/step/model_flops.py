@@ -56,7 +56,9 @@ def counting_config(config, *, keep_remat: bool = False):
     if isinstance(config, ml_collections.FrozenConfigDict):  # a RunSpec's: thawed
         config = config.as_configdict()
     copy = config.copy_and_resolve_references()
-    with copy.unlocked():
+    # ignore_type: model.remat may hold a policy name or one entry per tower (an AnySetting,
+    # resolved to its value by the copy), which a bool replaces
+    with copy.unlocked(), copy.ignore_type():
         copy.accumulation_steps = 1
         model = copy.model
         model.attention = "xla"  # cuDNN's kernel is a custom call XLA counts as no FLOPs
