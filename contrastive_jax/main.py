@@ -34,7 +34,6 @@ import os
 import pathlib
 import sys
 import traceback
-import uuid
 from collections.abc import Sequence
 
 from absl import flags, logging
@@ -56,7 +55,7 @@ from contrastive_jax.training.run.launch.distributed import (
     join_job,
     launch_settings,
 )
-from contrastive_jax.training.run.workdir.workdir_path import is_remote, workdir_path
+from contrastive_jax.training.run.workdir.workdir_path import is_remote, workdir_path, write_probe
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config file, configs/NAME.py[:VARIANTS] (the config files "
@@ -79,10 +78,7 @@ def check_workdir(workdir: str) -> None:
     credentials or permissions show here, before any work)."""
     path = workdir_path(workdir)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{uuid.uuid4().hex}"
-        probe.write_text("")
-        probe.unlink()
+        write_probe(path)
     except Exception as err:
         if not isinstance(err, OSError) and not is_remote(path):
             raise
