@@ -16,6 +16,10 @@ import os
 import re
 from collections.abc import Iterator
 
+# set (to anything): a command raises a user's error, and prints a Ctrl-C's stacks, instead of
+# its one line (contrastive_jax.command_line, contrastive_jax.interrupts)
+TRACEBACK_ENV = "CONTRASTIVE_JAX_TRACEBACK"
+
 
 class ContrastiveJaxError(Exception):
     """Base class: a problem with the user's input, settings, data or files, not a bug."""

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from absl import flags, logging
 from ml_collections import config_flags
 
-from contrastive_jax import command_line
+from contrastive_jax import command_help, command_line
 from contrastive_jax.command_line import flag_error, last_line
 from contrastive_jax.errors import (
     ConfigError,
@@ -193,10 +193,10 @@ def _at(config: dict, path: list[str]):
 
 
 def _variant_names(file: str) -> set[str]:
-    """The variant names of a config file (:func:`~contrastive_jax.command_line.
+    """The variant names of a config file (:func:`~contrastive_jax.command_help.
     config_variants`, read without running it); none for a file that cannot be read."""
     try:
-        found = command_line.config_variants(pathlib.Path(file))
+        found = command_help.config_variants(pathlib.Path(file))
     except (OSError, SyntaxError, ValueError):
         return set()
     return {v.partition("=")[0] for v in found or ()}

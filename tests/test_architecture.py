@@ -2,12 +2,13 @@
 
 Layers, lowest first (docs/architecture.md):
 
-0. ``contrastive_jax.errors``, ``contrastive_jax.mesh``: error types and the device mesh;
+0. ``contrastive_jax.errors``, ``contrastive_jax.mesh``, ``contrastive_jax.interrupts``: error
+   types, the device mesh, Ctrl-C during a command;
 1. ``contrastive_jax.losses`` (and the package's top level): the losses, JAX and NumPy only;
 2. ``contrastive_jax.analytic``: closed-form gradients and the gradient check, on the losses;
 3. ``contrastive_jax.training``: methods, models, data, optimisers, checkpoints, the loop,
-   evaluation; and ``contrastive_jax.command_line`` (the commands' flags, help and errors, on
-   absl);
+   evaluation; and ``contrastive_jax.command_line`` / ``command_help`` (the commands' flags,
+   help and errors, on absl);
 4. ``contrastive_jax.main``, ``contrastive_jax.plan``, ``contrastive_jax.demo``,
    ``contrastive_jax.evaluate``: the command lines.
 
@@ -24,10 +25,11 @@ import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "contrastive_jax"
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
-    ("contrastive_jax.errors", 0), ("contrastive_jax.mesh", 0),
+    ("contrastive_jax.errors", 0), ("contrastive_jax.mesh", 0), ("contrastive_jax.interrupts", 0),
     ("contrastive_jax", 1), ("contrastive_jax.losses", 1),
     ("contrastive_jax.analytic", 2),
     ("contrastive_jax.training", 3), ("contrastive_jax.command_line", 3),
+    ("contrastive_jax.command_help", 3),
     ("contrastive_jax.main", 4), ("contrastive_jax.plan", 4),
     ("contrastive_jax.demo", 4), ("contrastive_jax.pretrained", 4),
     ("contrastive_jax.clip_export", 4), ("contrastive_jax.evaluate", 4),

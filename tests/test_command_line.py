@@ -1,7 +1,8 @@
-"""The package's command lines share one library (contrastive_jax/command_line.py): plain-text
-``--help`` with exit status 0, JAX's ``--jax_*`` options as flags, one line ``error: ...`` and
-exit status 2 for a bad flag, one line ``interrupted (SIGINT) ...`` and exit status 130 for
-Ctrl-C; every command module imports with the others in one process.
+"""The package's command lines share one library (contrastive_jax/command_line.py, with
+command_help.py and interrupts.py): plain-text ``--help`` with exit status 0, JAX's ``--jax_*``
+options as flags, one line ``error: ...`` and exit status 2 for a bad flag, one line
+``interrupted (SIGINT) ...`` and exit status 130 for Ctrl-C; every command module imports with
+the others in one process.
 
 In-process, except one ``python -m contrastive_jax.main --help`` (the real entry point); main's
 errors and its ``--jax_*`` flags are checked by tests/test_reliability.py's forked command lines
@@ -21,7 +22,7 @@ import jax
 import pytest
 from absl import flags
 
-from contrastive_jax import command_line
+from contrastive_jax import command_help, command_line, interrupts
 
 REPO = Path(__file__).resolve().parents[1]
 # module -> how it is called; each has main(argv) -> exit status and its own FLAGS
@@ -43,7 +44,7 @@ def test_every_command_module_imports_with_the_others_in_one_process():
     modules = [importlib.import_module(name) for name in COMMANDS]
     own = [m.FLAGS for m in modules if m.__name__ in CONVERTED]
     assert len({id(f) for f in own}) == len(CONVERTED) and flags.FLAGS not in own
-    names = [set(command_line.defined_flags(f)) for f in own]
+    names = [set(command_help.defined_flags(f)) for f in own]
     assert sum("data_dir" in n for n in names) == 4 and sum("output" in n for n in names) == 5
     assert not {"data_dir", "output", "checkpoint", "batch"} & set(flags.FLAGS)
     assert {"config", "workdir"} <= set(flags.FLAGS)  # main's, shared with plan
@@ -59,7 +60,7 @@ def test_help_is_plain_text_and_exits_0(name, capsys):
     first = module.__doc__.strip().splitlines()[0].replace("``", "")
     assert f"\n\n{first}" in out  # the docstring, then the flags with their help
     _, _, listed = out.partition("\nflags:\n")
-    for flag in command_line.defined_flags(module.FLAGS):
+    for flag in command_help.defined_flags(module.FLAGS):
         assert f"\n  --{flag}" in f"\n{listed}", flag
     assert "--jax_NAME=VALUE" in listed
 
@@ -105,17 +106,17 @@ def test_config_variants_are_read_without_running_the_config(tmp_path):
     (tmp_path / "b.py").write_text("def get_config(arg=None):\n    return {}\n")
     (tmp_path / "c.py").write_text("X = 1\n")
     (tmp_path / "d.py").write_text("def get_config(:\n")
-    assert command_line.config_variants(tmp_path / "a.py") == ["size=(1, 2)", "name='x'",
+    assert command_help.config_variants(tmp_path / "a.py") == ["size=(1, 2)", "name='x'",
                                                                "quick=False"]
-    assert command_line.config_variants(tmp_path / "b.py") == []
-    assert command_line.config_variants(tmp_path / "c.py") is None
-    text = command_line.config_files_help(tmp_path)
+    assert command_help.config_variants(tmp_path / "b.py") == []
+    assert command_help.config_variants(tmp_path / "c.py") is None
+    text = command_help.config_files_help(tmp_path)
     assert "\n  a.py\n      A config that exits when run.\n      variants (defaults): size=(1, "\
            "2), name='x', quick=False\n" in text
     assert "\n  b.py\n      variants (defaults): none\n" in text
     assert "\n  c.py\n      variants (defaults): no get_config" in text
     assert "\n  d.py: cannot be read (SyntaxError: " in text
-    missing = command_line.config_files_help(tmp_path / "configs")
+    missing = command_help.config_files_help(tmp_path / "configs")
     assert missing.startswith(f"config files: none in {tmp_path / 'configs'} ")
 
 
@@ -131,7 +132,7 @@ def test_plain_text_drops_rst_markup():
 
         code
     """
-    assert command_line.plain_text(doc) == (
+    assert command_help.plain_text(doc) == (
         "Title with code and convert, a.b, T.\n\n"
         "Command line (see contrastive_jax.errors.ConfigError):\n\n"
         "    python -m x --flag=1\n\n"
@@ -237,9 +238,9 @@ def _wakeup_fd() -> int:
 def exits(monkeypatch):
     """The statuses the watcher would end the process with, in a queue (the process goes on)."""
     statuses = queue.Queue()
-    monkeypatch.setattr(command_line, "_exit_process", statuses.put)
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("the SIGINT handler needs the main thread")
+    monkeypatch.setattr(interrupts, "_exit_process", statuses.put)
+    # run_command installs the handler only in the main thread (where pytest runs tests)
+    assert threading.current_thread() is threading.main_thread()
     return statuses
 
 
@@ -253,7 +254,7 @@ def test_ctrl_c_ends_a_command_at_once_with_one_line_and_status_130(exits, capsy
 
     def main(positional):
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-        with command_line.activity("counting sheep"), command_line.activity("sheep 7"):
+        with interrupts.activity("counting sheep"), interrupts.activity("sheep 7"):
             signal.raise_signal(signal.SIGINT)  # Python's handler does nothing
             assert exits.get(timeout=60) == 130  # blocked in C until the watcher "exits"
         return 0
@@ -279,8 +280,8 @@ def test_ctrl_c_lets_a_file_write_finish_and_a_second_one_does_not_wait(exits, c
     events = []
 
     def main(positional):
-        guard = command_line._active
-        with command_line.finish_before_interrupt():
+        guard = interrupts._active
+        with interrupts.finish_before_interrupt():
             signal.raise_signal(signal.SIGINT)
             assert guard.requested.wait(60)  # the watcher has seen it and waits for the block
             events.append("block done")
@@ -291,7 +292,7 @@ def test_ctrl_c_lets_a_file_write_finish_and_a_second_one_does_not_wait(exits, c
     assert events == ["block done", ("exit", 130)]
 
     def twice(positional):
-        with command_line.finish_before_interrupt():
+        with interrupts.finish_before_interrupt():
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
             events.append(("exit in the block", exits.get(timeout=60)))
@@ -307,7 +308,7 @@ def test_a_keyboard_interrupt_that_reaches_run_command_is_one_line_and_130(capsy
     KeyboardInterrupt itself becomes the line, naming the activity it left;
     CONTRASTIVE_JAX_TRACEBACK=1 lets it raise."""
     def main(positional):
-        with command_line.activity("waiting"):
+        with interrupts.activity("waiting"):
             raise KeyboardInterrupt
 
     handler = signal.getsignal(signal.SIGINT)

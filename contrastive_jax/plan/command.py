@@ -47,7 +47,7 @@ trainer would say at start), an unknown slice name, a GPU spec without memory, a
 candidate fits, an unusable ``--json`` path, or a ``--json`` write that the system refused
 after the compile (disk full, file-size limit: the tables are printed, PATH is left as it
 was). Exit status 130 with one line ``interrupted (SIGINT) while compiling ...: nothing more
-was written`` for Ctrl-C, at once, during a compile too (:mod:`contrastive_jax.command_line`).
+was written`` for Ctrl-C, at once, during a compile too (:mod:`contrastive_jax.interrupts`).
 """
 
 from __future__ import annotations

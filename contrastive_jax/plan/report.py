@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 
 from contrastive_jax.accelerators import GiB, Target
-from contrastive_jax.command_line import activity
+from contrastive_jax.interrupts import activity
 from contrastive_jax.plan.search import Search, paste, with_overrides
 from contrastive_jax.plan.step_plan import (
     CHIPS,

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
 
 from contrastive_jax.accelerators import GiB
-from contrastive_jax.command_line import activity
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.interrupts import activity
 
 if TYPE_CHECKING:
     from contrastive_jax.training.run_spec import RunSpec
@@ -101,7 +101,7 @@ def compiling(what: str, stream: TextIO | None = None,
     """A status line on ``stream`` (stderr) while a compile runs: ``plan: compiling WHAT``
     at the start, the elapsed time every ``every`` seconds, ``compiled in N s`` at the end
     (not when the block raises). Inside, a Ctrl-C says ``interrupted (SIGINT) while compiling
-    WHAT`` (:func:`contrastive_jax.command_line.activity`)."""
+    WHAT`` (:func:`contrastive_jax.interrupts.activity`)."""
     stream = sys.stderr if stream is None else stream
     start = time.perf_counter()
     done = threading.Event()

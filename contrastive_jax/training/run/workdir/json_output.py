@@ -8,7 +8,7 @@ makes visible whole or not at all (an object has no partial state), so no rename
 would write bare ``NaN`` / ``Infinity``, which strict JSON readers reject.
 
 A Ctrl-C during a command lets :func:`write_atomic` finish its file first
-(:func:`contrastive_jax.command_line.finish_before_interrupt`), so the command's exit leaves
+(:func:`contrastive_jax.interrupts.finish_before_interrupt`), so the command's exit leaves
 no temporary file behind. :func:`unwritable` says, before any work, why a path given on the
 command line (the plan's ``--json``) could not be written.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from etils import epath
 
-from contrastive_jax.command_line import finish_before_interrupt
+from contrastive_jax.interrupts import finish_before_interrupt
 from contrastive_jax.training.run.workdir.workdir_path import is_remote
 
 
