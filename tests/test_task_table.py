@@ -115,7 +115,7 @@ def test_training_runs_name_tasks_in_their_config_and_bad_names_stop_the_start(t
     from contrastive_jax.errors import ConfigError
     from contrastive_jax.training import train
     from contrastive_jax.training.config import base_config
-    from contrastive_jax.training.evaluation.run_evaluation import TASK_FIELDS, check_tasks
+    from contrastive_jax.training.evaluation.training_tasks import TASK_FIELDS, check_tasks
     from contrastive_jax.training.run.workdir.config_record import ADDED_FIELDS
 
     ev = base_config().evaluation

@@ -42,6 +42,7 @@ from flax import nnx
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.evaluation import run_evaluation as passes
+from contrastive_jax.training.evaluation import training_tasks
 
 
 @dataclasses.dataclass
@@ -153,11 +154,11 @@ def _check_zero_shot(config) -> None:
 
 
 def _task_metrics(config) -> tuple[str, ...]:
-    return tuple(f"{task.name}/" for task in passes.check_tasks(config))
+    return tuple(f"{task.name}/" for task in training_tasks.check_tasks(config))
 
 
 def _tasks(ctx: Context) -> dict[str, float]:
-    return passes.benchmark_tasks(ctx.graphdef, ctx.state, ctx.config, ctx.mesh)
+    return training_tasks.benchmark_tasks(ctx.graphdef, ctx.state, ctx.config, ctx.mesh)
 
 
 EVALUATORS: dict[str, Evaluator] = {e.name: e for e in (
@@ -179,7 +180,7 @@ EVALUATORS: dict[str, Evaluator] = {e.name: e for e in (
               default=lambda config: _dual_encoder(config) and bool(
                   config.evaluation.get("zero_shot_prompts") or _class_names(config))),
     Evaluator("tasks", lambda config: "tasks " + ", ".join(config.evaluation.tasks),
-              _task_metrics, _tasks, check=passes.check_tasks,
+              _task_metrics, _tasks, check=training_tasks.check_tasks,
               default=lambda config: bool(config.evaluation.get("tasks") or ())),
 )}
 # the evaluators that need a text tower

@@ -7,9 +7,10 @@ scores of its features and embeddings (:func:`evaluate`, after and during traini
   views for SimCLR/MoCo; sample and caption for dual encoders);
 - :func:`prompt_embeddings`: text-tower embeddings of every class prompt (zero-shot);
 - :func:`class_name_zero_shot`: zero-shot top-1/top-5 with class names and prompt templates
-  (``evaluation.zero_shot``) on any TFDS image dataset's split;
-- :func:`run_task_model` / :func:`benchmark_tasks`: the benchmark tasks of
-  ``evaluation.tasks`` (the evaluation command's tasks, docs/evaluation.md) on the run's model.
+  (``evaluation.zero_shot``) on any TFDS image dataset's split.
+
+The benchmark tasks of ``evaluation.tasks`` run on the same inference functions
+(:mod:`~contrastive_jax.training.evaluation.training_tasks`).
 
 The named evaluations that score these passes (linear probe, kNN, alignment, uniformity,
 retrieval, zero-shot, the tasks) are :mod:`~contrastive_jax.training.evaluation.evaluators`'.
@@ -23,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -45,16 +44,14 @@ from contrastive_jax.training.augmentations.pixels import (
 )
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
 from contrastive_jax.training.data.example_preprocessing import standard_preprocess
-from contrastive_jax.training.data.image_crops import evaluation_image, open_image
+from contrastive_jax.training.data.image_crops import evaluation_image
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
 from contrastive_jax.training.data.text.text_tokenizers import check_vocab_size, load_tokenizer
-from contrastive_jax.training.evaluation.task_runner import TEXT_CHUNK, TaskModel, run_task
-from contrastive_jax.training.evaluation.task_table import resolve_tasks
 from contrastive_jax.training.models.scanned_layers import batch_sharded
 
 
-def _gathered(arrays: tuple, mask) -> list[np.ndarray]:
+def gathered(arrays: tuple, mask) -> list[np.ndarray]:
     """Every process's rows of ``arrays`` (global batches), padding rows (mask 0) dropped."""
     *arrays, mask = multihost_utils.process_allgather((*arrays, mask), tiled=True)
     keep = np.asarray(mask, bool)
@@ -102,7 +99,9 @@ def _on(mesh):
     return contextlib.nullcontext() if mesh is None else batch_sharded(mesh, DATA_AXIS)
 
 
-def _inference_for(graphdef, config, mesh=None):
+def inference_functions(graphdef, config, mesh=None):
+    """:func:`_inference`'s ``(features, pairs, texts)`` for the model ``graphdef`` with
+    ``config``'s inputs, views and pixels."""
     augment = config.get("augment")
     return _inference(graphdef, config.input_key, config.get("text_key", "caption"),
                       json.dumps(None if augment is None else augment.to_dict(),
@@ -113,11 +112,11 @@ def _inference_for(graphdef, config, mesh=None):
 def extract_features(graphdef, state, config, mesh, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Encoder features ``(n, features)`` and labels ``(n,)`` of every example of ``split``, in
     inference mode (no dropout, BatchNorm's running statistics; no gradient)."""
-    features = _inference_for(graphdef, config, mesh)[0]
+    features = inference_functions(graphdef, config, mesh)[0]
     feats, labels = [], []
     for batch in eval_iterator(config.data, mesh, split=split):
         f = features(state.params, state.rest, batch[config.input_key])
-        f, y = _gathered((f, batch["label"]), batch["mask"])
+        f, y = gathered((f, batch["label"]), batch["mask"])
         feats.append(f)
         labels.append(y)
     return np.concatenate(feats), np.concatenate(labels)
@@ -132,13 +131,13 @@ def pair_embeddings(graphdef, state, config, mesh, split: str,
     example (the augmentation keys fixed by ``config.seed``). Plus the batch features named in
     ``keys`` that the data has. Not normalised (the metrics normalise).
     """
-    pairs = _inference_for(graphdef, config, mesh)[1]
+    pairs = inference_functions(graphdef, config, mesh)[1]
     key = jax.random.key(config.seed)
     columns: dict[str, list] = {}
     for index, batch in enumerate(eval_iterator(config.data, mesh, split=split)):
         x, y = pairs(state.params, state.rest, batch, jax.random.fold_in(key, index))
         extra = [k for k in dict.fromkeys(keys) if k in batch]
-        rows = _gathered((x, y, *(batch[k] for k in extra)), batch["mask"])
+        rows = gathered((x, y, *(batch[k] for k in extra)), batch["mask"])
         for name, value in zip(["x", "y", *extra], rows, strict=True):
             columns.setdefault(name, []).append(value)
     return {name: np.concatenate(parts) for name, parts in columns.items()}
@@ -147,7 +146,7 @@ def pair_embeddings(graphdef, state, config, mesh, split: str,
 def prompt_embeddings(graphdef, state, config, modality: str) -> np.ndarray:
     """Text-tower embeddings ``(10, templates, d)`` of every class prompt (zero-shot)."""
     tokens = captions.class_prompts(modality)
-    texts = _inference_for(graphdef, config)[2]
+    texts = inference_functions(graphdef, config)[2]
     flat = texts(state.params, state.rest, jnp.asarray(tokens.reshape(-1,
                                                                             tokens.shape[-1])))
     return np.asarray(flat).reshape(*tokens.shape[:2], -1)
@@ -159,7 +158,7 @@ PROMPT_CHUNK = 256  # prompts per text-tower call (one compilation for any class
 
 
 @functools.lru_cache(maxsize=8)
-def _sample_embedder(graphdef, pixels: Pixels, mesh=None):
+def sample_embedder(graphdef, pixels: Pixels, mesh=None):
     """The jitted ``(params, rest, x) -> embed_samples(model_input(x, pixels))`` of one
     model (a batch split over ``mesh``'s data axis)."""
     def embed(params, rest, x):
@@ -193,7 +192,7 @@ def class_name_prompt_embeddings(graphdef, state, config, class_names, templates
     flat = tokens.reshape(-1, max_tokens)
     n = len(flat)
     flat = np.concatenate([flat, np.repeat(flat[:1], -n % PROMPT_CHUNK, axis=0)])
-    texts = _inference_for(graphdef, config)[2]
+    texts = inference_functions(graphdef, config)[2]
     out = [np.asarray(texts(state.params, state.rest, jnp.asarray(flat[i:i + PROMPT_CHUNK])))
            for i in range(0, len(flat), PROMPT_CHUNK)]
     return np.concatenate(out)[:n].reshape(len(class_names), len(templates), -1)
@@ -247,13 +246,13 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
         out = standard(example)
         return {"x": out[input_key], "label": out[label_key]}
 
-    embed = _sample_embedder(graphdef, pixel_normalization(config.data.get("preprocess")),
+    embed = sample_embedder(graphdef, pixel_normalization(config.data.get("preprocess")),
                              mesh)
     xs, ys = [], []
     for batch in eval_dataset(source, global_batch_size=batch_size, preprocess=preprocess):
         batch = global_batch(batch, mesh)
         x = embed(state.params, state.rest, batch["x"])
-        x, y = _gathered((x, batch["label"]), batch["mask"])
+        x, y = gathered((x, batch["label"]), batch["mask"])
         xs.append(x)
         ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
@@ -287,118 +286,3 @@ def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
     scores = evaluation.zero_shot_topk(x, labels, prompts)
     return {"zero_shot": scores["top1"], **({"zero_shot_top5": scores["top5"]}
                                             if "top5" in scores else {})}
-
-
-TASK_FIELDS = ("tasks", "tasks_data_dir", "tasks_batch_size", "tasks_class_names")
-
-
-def run_task_model(graphdef, state, config, mesh) -> TaskModel:
-    """The run's model as a benchmark-task model
-    (:class:`~contrastive_jax.training.evaluation.task_runner.TaskModel`).
-
-    Images: with the ``image_text`` preprocessing, the evaluation crop of
-    ``data.preprocess`` (``image_size``, ``resize``, ``resize_mode``; decoded in full, as in
-    :func:`zero_shot_samples`), otherwise the image as stored (the standard preprocessing: the
-    dataset's images must have the model's input size); then on the device the run's own
-    normalisation and, for a dual encoder, ``embed_samples`` (the embedding its loss
-    compares), else the encoder features (as the run's linear probe). Batches of
-    ``evaluation.tasks_batch_size`` (0: ``data.eval_batch_size``), split over the mesh's data
-    axis, every process's rows gathered. Texts: the run's tokenizer (:func:`run_tokenizer`)
-    and ``embed_texts``, ``TEXT_CHUNK`` a call; ``None`` without a text tower.
-    """
-    ev, pre = config.evaluation, config.data.get("preprocess", {})
-    size = ev.get("tasks_batch_size", 0) or config.data.eval_batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"evaluation.tasks_batch_size must be a positive integer (0: "
-                          f"data.eval_batch_size); got {size!r}")
-    if pre.get("name", "standard") == "image_text":
-        crop = functools.partial(evaluation_image, size=pre.get("image_size", 224),
-                                 resize=pre.get("resize", "bicubic"),
-                                 resize_mode=pre.get("resize_mode", "shortest"),
-                                 reduced_decode=False)
-    else:
-        def crop(image):
-            return np.asarray(open_image(image)) if isinstance(image, bytes | np.bytes_) \
-                else np.asarray(image)
-    model = nnx.merge(graphdef, state.params, state.rest)
-    dual = hasattr(model, "embed_texts")
-    embed = _sample_embedder(graphdef, pixel_normalization(pre), mesh) if dual else \
-        _inference_for(graphdef, config, mesh)[0]
-
-    def embed_images(batch) -> dict[str, np.ndarray]:
-        batch = global_batch(dict(batch), mesh)
-        names = [k for k in batch if k not in ("image", "mask")]
-        rows = _gathered((embed(state.params, state.rest, batch["image"]),
-                          *(batch[k] for k in names)), batch["mask"])
-        return dict(zip(["features", *names], rows, strict=True))
-
-    embed_texts = None
-    if dual:
-        tokenizer, max_tokens = run_tokenizer(config)
-        texts = _inference_for(graphdef, config)[2]
-
-        def embed_texts(strings) -> np.ndarray:
-            ids = tokenizer.encode(list(strings), max_tokens)
-            n = len(ids)
-            ids = np.concatenate([ids, np.repeat(ids[:1], -n % TEXT_CHUNK, axis=0)])
-            return np.concatenate([np.asarray(texts(state.params, state.rest,
-                                                    jnp.asarray(ids[i:i + TEXT_CHUNK])))
-                                   for i in range(0, len(ids), TEXT_CHUNK)])[:n]
-
-    return TaskModel(description=f"the {config.model.get('name', 'model')} of this run",
-                     crop=crop, embed_images=embed_images, embed_texts=embed_texts,
-                     batch_size=size, batch_multiple=int(mesh.shape[DATA_AXIS]) if mesh
-                     is not None and DATA_AXIS in mesh.shape else 1)
-
-
-def benchmark_tasks(graphdef, state, config, mesh) -> dict[str, float]:
-    """``{"KIND/DATASET/METRIC": value}`` of every task of ``evaluation.tasks`` (each task's
-    main metric first), on ``evaluation.tasks_data_dir`` (``""``: ``data.data_dir``), with
-    ``evaluation.tasks_class_names`` (a class-names file, ``""``: the shipped ones) and
-    ``evaluation.task_overrides`` (the task table's splits and keys, for every task); the
-    evaluation command's tasks and metrics (docs/evaluation.md) on :func:`run_task_model`.
-    Progress lines on process 0's stderr. A task that fails stops the evaluation with its
-    ConfigError (the tasks are resolved when the run starts: :func:`check_tasks`)."""
-    ev = config.evaluation
-    tasks = check_tasks(config)
-    if not tasks:
-        return {}
-    model = run_task_model(graphdef, state, config, mesh)
-    data_dir = ev.get("tasks_data_dir") or config.data.get("data_dir") or None
-    out: dict[str, float] = {}
-    cache: dict = {}
-    with open(os.devnull, "w") if jax.process_index() else contextlib.nullcontext(
-            sys.stderr) as stream:
-        for task in tasks:
-            metrics = run_task(task, model, data_dir=data_dir, cache=cache,
-                               stream=stream)["metrics"]
-            for name in [task.main_metric, *(m for m in metrics if m != task.main_metric)]:
-                out[f"{task.name}/{name}"] = float(metrics[name])
-    return out
-
-
-def check_tasks(config) -> list:
-    """The :class:`~contrastive_jax.training.evaluation.task_table.Task` of each name in
-    ``evaluation.tasks`` (ConfigError for an unknown kind, dataset or field, or a text task on
-    a model without a text tower: checked when the run starts, not at its first
-    evaluation)."""
-    ev = config.evaluation
-    names = ev.get("tasks") or ()
-    if isinstance(names, str):
-        raise ConfigError(f"evaluation.tasks must be a tuple of task names; got the string "
-                          f"{names!r} (on the command line: "
-                          "--config.evaluation.tasks=\"('zeroshot/cifar10', 'linear/cifar10')\")")
-    if not names:
-        return []
-    try:
-        overrides = ev.get("task_overrides") or {}
-        tasks = resolve_tasks(list(names), class_names_file=ev.get("tasks_class_names") or None,
-                              overrides=dict(overrides))
-    except ConfigError as err:
-        raise ConfigError(f"evaluation.tasks: {err}") from None
-    text = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
-    if text and config.model.get("name") != "dual_encoder":
-        raise ConfigError(f"evaluation.tasks: {text} need a text tower, and model.name = "
-                          f"{config.model.get('name')!r} has none; keep the linear/ and "
-                          "fewshot/ tasks")
-    return tasks
