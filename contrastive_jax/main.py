@@ -120,6 +120,13 @@ def parse_trainer_flags(argv: list[str]) -> list[str]:
         raise config_error from err  # its traceback with CONTRASTIVE_JAX_TRACEBACK=1
 
 
+def _config_specs(argv: list[str]) -> list[str]:
+    """The values of ``--config`` in ``argv`` (``FILE[:VARIANTS]``; the last one counts), as
+    ``--config=SPEC`` or ``--config SPEC``."""
+    specs = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
+    return specs + [b for a, b in itertools.pairwise(argv) if a == "--config"]
+
+
 def _key_text(err: BaseException) -> str:
     """ml_collections' text of a missing key: ``name``, then its "Did you mean ..." if any."""
     return str(err).strip().strip("'\"").replace("\\n", "\n").replace("\\'", "'")
@@ -136,8 +143,7 @@ def _unknown_key_error(err: BaseException, argv: list[str]) -> ConfigError | Non
 
     from contrastive_jax.training.models import unwritten_setting_hint
 
-    specs = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
-    specs += [b for a, b in itertools.pairwise(argv) if a == "--config"]
+    specs = _config_specs(argv)
     if not specs:
         return None
     argv_of_config = ["main", f"--config={specs[-1]}"]  # the config before the overrides
@@ -206,11 +212,10 @@ def _config_file_error(err: BaseException, argv: list[str]) -> ConfigError | Non
     """A :class:`ConfigError` naming the ``--config`` file's line and the error when ``err`` (or
     what it wraps) was raised by that file's code, at import or in ``get_config``; ``None``
     when no line of the file is in its traceback (the error is not the config file's)."""
-    values = [a.partition("=")[2] for a in argv if a.startswith("--config=")]
-    values += [b for a, b in itertools.pairwise(argv) if a == "--config"]
-    if not values:
+    specs = _config_specs(argv)
+    if not specs:
         return None
-    path = os.path.realpath(values[-1].partition(":")[0])
+    path = os.path.realpath(specs[-1].partition(":")[0])
     chain, error = [], err
     while error is not None and len(chain) < 8:  # the loaders wrap it in their own errors
         chain.append(error)

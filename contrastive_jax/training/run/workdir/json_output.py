@@ -25,7 +25,7 @@ from typing import Any
 from etils import epath
 
 from contrastive_jax.interrupts import finish_before_interrupt
-from contrastive_jax.training.run.workdir.workdir_path import is_remote
+from contrastive_jax.training.run.workdir.workdir_path import is_remote, write_probe
 
 
 def strict(value: Any) -> Any:
@@ -99,10 +99,8 @@ def unwritable(path: str | os.PathLike) -> str | None:
     if not text.strip():
         return "the path is empty; give the path of a file"
     if is_remote(text):
-        probe = epath.Path(text).parent / f".{uuid.uuid4().hex}.write-test"
         try:
-            probe.write_text("")
-            probe.unlink()
+            write_probe(epath.Path(text).parent)
         except Exception as err:  # the store's client raises its own kinds
             reason = getattr(err, "strerror", None) or f"{type(err).__name__}: {err}"
             return f"cannot write beside {text} ({reason}); choose another path"
@@ -119,10 +117,8 @@ def unwritable(path: str | os.PathLike) -> str | None:
         if existing is not None and existing.exists() and not existing.is_dir():
             return f"{existing} is a file, not a folder; choose another path"
         return f"the folder {folder} does not exist; create it or choose another path"
-    probe = folder / f".{local.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        probe.unlink()
+        write_probe(folder)
     except OSError as err:
         return (f"cannot create a file in {folder} ({err.strerror}); make the folder "
                 "writable or choose another path")
