@@ -12,6 +12,11 @@ A GPU cluster is ``NODESxGPUS:MEMORY``: ``4x8:80GiB`` (memory per GPU in GiB) or
 (75% unless ``XLA_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise:
 JAX's "GPU memory allocation" guide), so a GPU target's usable memory is that fraction.
 
+A TPU slice is also a topology the TPU compiler knows (:func:`tpu_topology`: ``v4-256`` is
+``v4:4x4x8`` with one JAX device per chip, "megacore"; ``v5e-256`` is ``v5e:16x16``), so the plan
+can compile for it on a CPU host (:mod:`contrastive_jax.plan.tpu_compiler`); ``slices`` of
+them joined over the data-centre network (multi-slice) multiply the chips and hosts.
+
 Peak FLOP/s are the vendors' dense bf16 figures per chip (Cloud TPU system architecture pages;
 NVIDIA A100, H100 and H200 SXM datasheets); the plan's step time divides the step's FLOPs by a
 stated fraction of them (model-FLOPs utilisation), and the trainer's progress line divides the
@@ -42,17 +47,26 @@ class TpuGeneration:
     single_host_chips: int  # slices up to this many chips are one host
     hbm: int  # bytes per chip
     peak_bf16: float  # dense FLOP/s per chip
+    hbm_bandwidth: float  # bytes/s per chip (Cloud TPU system architecture pages)
+    topology_prefix: str  # the TPU compiler's name of the generation: "v4" in "v4:4x4x8"
 
 
 _V4_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 _V5P_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288)
 _POD_SIZES = (1, 4, 8, 16, 32, 64, 128, 256)
 TPUS = {
-    "v4": TpuGeneration("TPU v4", True, _V4_SIZES, 4, 32 * GiB, 275e12),
-    "v5p": TpuGeneration("TPU v5p", True, _V5P_SIZES, 4, 95 * GiB, 459e12),
-    "v5e": TpuGeneration("TPU v5e", False, _POD_SIZES, 8, 16 * GiB, 197e12),
-    "v6e": TpuGeneration("TPU v6e", False, _POD_SIZES, 8, 32 * GiB, 918e12),
+    "v4": TpuGeneration("TPU v4", True, _V4_SIZES, 4, 32 * GiB, 275e12, 1200e9, "v4"),
+    "v5p": TpuGeneration("TPU v5p", True, _V5P_SIZES, 4, 95 * GiB, 459e12, 2765e9, "v5p"),
+    "v5e": TpuGeneration("TPU v5e", False, _POD_SIZES, 8, 16 * GiB, 197e12, 819e9, "v5e"),
+    "v6e": TpuGeneration("TPU v6e", False, _POD_SIZES, 8, 32 * GiB, 918e12, 1640e9, "v6e"),
 }
+# chips -> the slice's torus (Cloud TPU docs' default topologies): v4 and v5p in 3D, v5e and
+# v6e in 2D
+_TORUS_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+             256: "4x8x8", 512: "8x8x8", 768: "8x8x12", 1024: "8x8x16", 1536: "8x12x16",
+             2048: "8x16x16", 3072: "8x16x24", 4096: "16x16x16", 6144: "16x16x24"}
+_TORUS_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+             256: "16x16"}
 TPU_ALIASES = {"v5litepod": "v5e"}
 CHIPS_PER_HOST = 4  # every multi-host slice of these generations
 # GPUs by name: memory as nvidia-smi reports it (MiB), dense bf16 FLOP/s (SXM parts)
@@ -84,6 +98,8 @@ class Target:
     memory: int  # bytes per chip
     usable_fraction: float  # of ``memory`` that JAX will use (1 on TPU)
     peak_flops: float | None  # dense bf16 FLOP/s per chip, None when unknown
+    generation: str | None = None  # a key of TPUS for a TPU slice, None for GPUs
+    slices: int = 1  # TPU slices joined over the data-centre network (multi-slice)
 
     @property
     def usable(self) -> int:
@@ -91,9 +107,10 @@ class Target:
         return int(self.memory * self.usable_fraction)
 
 
-def tpu_slice(name: str) -> Target:
-    """``v4-256`` -> 128 chips on 32 hosts, 32 GiB each. An unknown generation or size is a
-    :class:`ConfigError` listing the valid ones."""
+def tpu_slice(name: str, slices: int = 1) -> Target:
+    """``v4-256`` -> 128 chips on 32 hosts, 32 GiB each (``slices`` of them: that many times
+    the chips and hosts). An unknown generation or size is a :class:`ConfigError` listing the
+    valid ones."""
     match = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name.strip().lower())
     if not match:
         raise ConfigError(f"unknown TPU slice {name!r}: write GENERATION-SIZE with GENERATION "
@@ -105,9 +122,42 @@ def tpu_slice(name: str) -> Target:
         counted = "TensorCores, 2 per chip" if gen.counts_cores else "chips"
         raise ConfigError(f"TPU slice {name!r}: {gen.name} slices are named by their "
                           f"{counted}; valid sizes {list(gen.sizes)}")
+    if slices < 1:
+        raise ConfigError(f"--slices must be >= 1; got {slices}")
     chips = size // 2 if gen.counts_cores else size
     hosts = 1 if chips <= gen.single_host_chips else chips // CHIPS_PER_HOST
-    return Target(name, gen.name, chips, hosts, gen.hbm, 1.0, gen.peak_bf16)
+    return Target(name, gen.name, chips * slices, hosts * slices, gen.hbm, 1.0, gen.peak_bf16,
+                  key, slices)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuTopology:
+    """A slice as the TPU compiler names it (``jax.experimental.topologies.
+    get_topology_desc``'s arguments)."""
+
+    name: str  # "v4:4x4x8"
+    chip_config: str  # "megacore": one JAX device per v4/v5p chip; "default" otherwise
+    chips_per_host_bounds: tuple[int, int, int]
+    slices: int
+
+
+def tpu_topology(target: Target) -> TpuTopology:
+    """The torus of a TPU ``target`` (:func:`tpu_slice`), per slice: ``v4-256`` ->
+    ``v4:4x4x8`` (megacore), ``v5e-8`` -> ``v5e:2x4`` on one host."""
+    if target.generation is None:
+        raise ConfigError(f"{target.name} is not a TPU slice; the TPU compiler plans TPU "
+                          "slices only (--slice=...)")
+    gen = TPUS[target.generation]
+    chips = target.chips // target.slices
+    torus = (_TORUS_3D if gen.counts_cores else _TORUS_2D).get(chips)
+    if torus is None:
+        raise ConfigError(f"no known torus for {chips} chips of {gen.name}")
+    if gen.counts_cores:
+        bounds = (2, 2, 1)
+    else:  # single-host slices keep all their chips on the host
+        bounds = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}.get(chips, (2, 2, 1))
+    return TpuTopology(f"{gen.topology_prefix}:{torus}",
+                       "megacore" if gen.counts_cores else "default", bounds, target.slices)
 
 
 def gpu_memory_fraction(environ: Mapping[str, str] | None = None) -> float:
