@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from contrastive_jax.accelerators import GiB, Target
 from contrastive_jax.interrupts import activity
@@ -27,18 +27,43 @@ def _size(n: float) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.2f} MiB"
 
 
-def memory_lines(p: Plan) -> list[str]:
-    """The bytes-per-device table."""
-    def gib(n: int) -> str:
+def memory_lines(p: Plan | Sequence[Plan]) -> list[str]:
+    """The bytes-per-device table: one column per compiler (XLA:CPU, the TPU compiler) when
+    given several plans of the same step."""
+    plans = [p] if isinstance(p, Plan) else list(p)
+
+    def gib(n: int | None) -> str:
+        if n is None:
+            return f"{'-':>12s}"
         return f"{n / GiB:8.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:8.2f} MiB"
 
-    return ["per device                     ",
-            f"  parameters                   {gib(p.params)}",
-            f"  optimiser state              {gib(p.opt_state)}",
-            f"  other state (BN, queue, ...) {gib(p.other_state)}",
-            f"  batch                        {gib(p.batch)}",
-            f"  step temporaries (XLA:CPU)   {gib(p.temporaries)}",
-            f"  total (inputs + new outputs + temporaries) {gib(p.total).strip()}"]
+    def row(label: str, values: list[int | None]) -> str:
+        return f"  {label:34s}" + "".join(f"{gib(v):>16s}" for v in values)
+
+    def named(q: Plan) -> str:
+        return "TPU compiler" if q.compiler == "TPU" else "XLA:CPU"
+
+    tpu = any(q.compiler == "TPU" for q in plans)
+    lines = [f"{'per device':36s}" + "".join(f"{named(q):>16s}" for q in plans),
+             row("parameters", [q.params for q in plans]),
+             row("optimiser state", [q.opt_state for q in plans]),
+             row("other state (BN, queue, ...)", [q.other_state for q in plans]),
+             row("batch", [q.batch for q in plans])]
+    if tpu:
+        lines.append(row("arguments as laid out (tiles)",
+                         [q.arguments if q.refused is None else None for q in plans]))
+    lines.append(row("step temporaries", [q.temporaries for q in plans]))
+    if tpu:
+        lines += [row("generated code (in HBM)",
+                      [q.generated_code if q.compiler == "TPU" else None for q in plans]),
+                  row("peak of live buffers (TPU)", [q.peak for q in plans])]
+    lines.append(row("total (in + new out + temp" + (" + code)" if tpu else ")"),
+                     [q.total for q in plans]))
+    for q in plans:
+        if q.refused is not None:
+            lines.append(f"  the TPU compiler refused the step: {q.refused} (the total is the "
+                         "state and batch with the temporaries it said it needed)")
+    return lines
 
 
 def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
@@ -53,8 +78,11 @@ def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
                  if target.kind.startswith("TPU") else
                  f"{target.chips} GPUs ({target.kind}, {target.hosts} node"
                  f"{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)")
+    if target is not None and target.slices > 1:
+        where += f" x {target.slices} slices (multi-slice: {target.chips} chips in all)"
+    by = "by the TPU compiler (libtpu) on this CPU" if p.compiler == "TPU" else "by XLA:CPU"
     return (f"memory plan: {config_name} on {where}, global batch {p.global_batch} "
-            f"({per_device} per device{micro}); compiled in {p.compile_s:.0f} s on CPU")
+            f"({per_device} per device{micro}); compiled in {p.compile_s:.0f} s {by}")
 
 
 def report(p: Plan, config_name: str, chips: Mapping[str, int] = CHIPS) -> str:
@@ -66,13 +94,22 @@ def report(p: Plan, config_name: str, chips: Mapping[str, int] = CHIPS) -> str:
         lines.append(f"  {chip:10s} {size / GiB:5.0f} GiB: {verdict} "
                      f"({100 * p.total / size:.0f}% of its memory)")
     lines.append("")
-    lines.append(_CAVEAT)
+    lines.append(caveat(p))
     return "\n".join(lines)
 
 
 _CAVEAT = ("The temporaries are XLA:CPU's compile of the same partitioned step: the TPU/GPU "
            "compilers fuse and lay out differently, so treat them as an estimate and keep "
            f"headroom (a chip 'fits' at <= {HEADROOM:.0%} of its memory).")
+_TPU_CAVEAT = ("The memory is the TPU compiler's (libtpu, the compiler a TPU runs) for this "
+               "slice's chips, compiled on this CPU: the program's own buffers, tiled as on the "
+               "chip; the runtime's own allocations are not in it, so a chip 'fits' at <= "
+               f"{HEADROOM:.0%} of the memory the compiler says is usable.")
+
+
+def caveat(p: Plan) -> str:
+    """How far to trust the plan's memory: the compiler that gave it."""
+    return _TPU_CAVEAT if p.compiler == "TPU" else _CAVEAT
 
 
 @dataclasses.dataclass
@@ -135,12 +172,18 @@ class RematCheck:
         return self.flops_with_remat_per_chip / self.model_flops_per_chip - 1
 
 
-def remat_check(config, mesh, budget: float) -> RematCheck:
-    """Compile ``config`` without remat and count its FLOPs with and without it."""
-    without = plan(planned(with_overrides(config, {"model.remat": False}), mesh),
-                   status=sys.stderr)
-    return RematCheck(without.total, without.total <= budget, per_chip_flops(config, mesh),
-                      per_chip_flops(config, mesh, keep_remat=True))
+def remat_check(config, mesh, budget: float, flops_mesh=None,
+                compile_plan=None) -> RematCheck:
+    """Compile ``config`` without remat (on ``mesh``: fake CPU devices or a TPU slice's;
+    ``compile_plan(config, mesh)``, default :func:`plan` of :func:`planned`) and count its FLOPs
+    with and without it (on ``flops_mesh``, CPU devices; default ``mesh``)."""
+    if compile_plan is None:
+        def compile_plan(c, m):
+            return plan(planned(c, m), status=sys.stderr)
+    without = compile_plan(with_overrides(config, {"model.remat": False}), mesh)
+    flops_mesh = mesh if flops_mesh is None else flops_mesh
+    return RematCheck(without.total, without.total <= budget, per_chip_flops(config, flops_mesh),
+                      per_chip_flops(config, flops_mesh, keep_remat=True))
 
 
 def remat_lines(check: RematCheck, usable: int) -> list[str]:
@@ -158,18 +201,33 @@ def remat_lines(check: RematCheck, usable: int) -> list[str]:
     return lines
 
 
+def usable_bytes(p: Plan, target: Target) -> int:
+    """A chip's memory the plan compares with: what the TPU compiler says is usable, else the
+    target's (:attr:`~contrastive_jax.accelerators.Target.usable`)."""
+    return p.usable if p.compiler == "TPU" and p.usable else target.usable
+
+
 def target_report(p: Plan, config_name: str, target: Target, search: Search | None,
-                  speed: Speed | None, remat: RematCheck | None = None) -> str:
-    """The plan against one target: the bytes, the verdict (with the search when it did not
-    fit), and the speed at the stated utilisation."""
-    budget = HEADROOM * target.usable
-    lines = [headline(p, config_name, target), "", *memory_lines(p), ""]
+                  speed: Speed | None, remat: RematCheck | None = None,
+                  others: Sequence[Plan] = ()) -> str:
+    """The plan against one target: the bytes (beside ``others``: the same step by the other
+    compiler), the verdict (with the search when it did not fit), and the speed at the stated
+    utilisation."""
+    usable_b = usable_bytes(p, target)
+    budget = HEADROOM * usable_b
+    lines = [headline(p, config_name, target), "", *memory_lines([*others, p]), ""]
     usable = (f"{_size(target.usable)} usable = {target.usable_fraction:.0%} of "
               f"{_size(target.memory)} (JAX's GPU preallocation; XLA_CLIENT_MEM_FRACTION)"
-              if target.usable_fraction < 1 else _size(target.memory))
+              if target.usable_fraction < 1 else
+              f"{_size(usable_b)} usable of {_size(target.memory)} (the TPU compiler's figure)"
+              if usable_b != target.memory else _size(target.memory))
     fits = p.total <= budget
     lines.append(f"  {'fits' if fits else 'does NOT fit'}: {_size(p.total)} of {usable} "
-                 f"({100 * p.total / target.usable:.0f}%; the plan asks <= {HEADROOM:.0%})")
+                 f"({100 * p.total / usable_b:.0f}%; the plan asks <= {HEADROOM:.0%})")
+    for other in others:
+        verdict = "fits" if other.total <= budget else "does NOT fit"
+        lines.append(f"  {other.compiler} says {_size(other.total)} ({verdict}; "
+                     f"{other.total / max(p.total, 1):.2f}x the TPU compiler's)")
     if target.usable_fraction < 1 and not fits and p.total <= HEADROOM * target.memory:
         lines.append(f"  it would fit with XLA_CLIENT_MEM_FRACTION=.95 "
                      f"({100 * p.total / target.memory:.0f}% of the whole memory)")
@@ -204,7 +262,30 @@ def target_report(p: Plan, config_name: str, target: Target, search: Search | No
                 lines.append(f"  host CPU cores for input   {math.ceil(speed.host_cores)} "
                              f"per host (at {IMAGES_PER_CORE_SECOND} images per core-second: "
                              "experiments/results/image_input_bench.md)")
+        lines += roofline_lines(p, target)
     if remat is not None:
-        lines += remat_lines(remat, target.usable)
-    lines += ["", _CAVEAT]
+        lines += remat_lines(remat, usable_b)
+    lines += ["", caveat(p)]
     return "\n".join(lines)
+
+
+def roofline_lines(p: Plan, target: Target) -> list[str]:
+    """The TPU compiler's cost analysis of the step, and a roofline time where it is sound
+    (a program without loops: :meth:`~contrastive_jax.plan.tpu_compiler.Cost.roofline_s`)."""
+    from contrastive_jax.accelerators import TPUS
+
+    if p.cost is None or target.generation is None:
+        return []
+    gen = TPUS[target.generation]
+    lines = [f"  TPU compiler's cost analysis {p.cost.flops / 1e12:.2f} TFLOP, "
+             f"{p.cost.bytes_accessed / 1e9:.2f} GB of HBM accessed per chip"]
+    roofline = p.cost.roofline_s(gen.peak_bf16, gen.hbm_bandwidth)
+    if roofline is None:
+        lines.append("  (the step has loops: a scanned tower, accumulation or a tiled loss, "
+                     "whose bodies the analysis counts once, so no step time from it; the time "
+                     "above is at the stated utilisation)")
+    else:
+        lines.append(f"  roofline (no step is faster) {roofline:.3f} s = max(FLOPs / "
+                     f"{gen.peak_bf16 / 1e12:.0f} TFLOP/s, bytes / {gen.hbm_bandwidth / 1e9:.0f}"
+                     " GB/s)")
+    return lines

@@ -4,8 +4,11 @@
 the data never read) ahead of time, with the state built by ``jax.eval_shape`` and placed by
 ``config.sharding``, and a batch of :func:`example_shapes`, and returns a :class:`Plan`:
 parameters, optimiser state, the other state, the batch and XLA's temporaries per device, and
-the step's FLOPs. The command line, what it prints and how far to trust the temporaries:
-:mod:`contrastive_jax.plan.command`.
+the step's FLOPs. On a mesh of fake CPU devices XLA:CPU compiles it; on a mesh of a TPU
+slice's devices (:func:`contrastive_jax.plan.tpu_compiler.topology_devices`) the TPU compiler
+does, and the plan holds its numbers (generated code, the memory it says a chip has, its cost
+analysis), or its refusal when the step does not fit. The command line, what it prints and how
+far to trust each compiler: :mod:`contrastive_jax.plan.command`.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.interrupts import activity
 
 if TYPE_CHECKING:
+    from contrastive_jax.plan.tpu_compiler import Cost
     from contrastive_jax.training.run_spec import RunSpec
 
 # accelerator memory per chip (HBM), bytes: the chips a plan without a target compares with
@@ -52,11 +56,21 @@ class Plan:
     outputs_not_aliased: int  # outputs that do not reuse a donated input buffer
     compile_s: float
     flops: float | None = None  # XLA's count for the per-device program (loop bodies once)
+    compiler: str = "XLA:CPU"  # or "TPU" (libtpu's compiler, for the slice's devices)
+    generated_code: int = 0  # the TPU program's code, held in HBM (0 for XLA:CPU: host code)
+    peak: int | None = None  # the TPU compiler's peak of live buffers (peak_memory_in_bytes)
+    usable: int | None = None  # bytes of a chip the TPU compiler lets a program use
+    refused: str | None = None  # the TPU compiler's refusal (RESOURCE_EXHAUSTED), if it did
+    cost: Cost | None = None  # the TPU compiler's cost analysis
+    laid_out: int | None = None  # state + batch in the TPU's tiled layouts (= arguments)
 
     @property
     def total(self) -> int:
-        """Peak estimate: the step's inputs, its new outputs and its temporaries."""
-        return self.arguments + self.outputs_not_aliased + self.temporaries
+        """Peak estimate: the step's inputs, its new outputs, its temporaries and (on TPU) its
+        code. For a step the TPU compiler refused: the state and batch with the temporaries it
+        said it needed (outputs unknown)."""
+        return (self.arguments + self.outputs_not_aliased + self.temporaries
+                + self.generated_code)
 
     def fits(self, chip_bytes: int) -> bool:
         return self.total <= HEADROOM * chip_bytes
@@ -134,12 +148,21 @@ def planned(config, mesh) -> RunSpec:
     return resolve(config, mesh=mesh, steps=int(config.get("total_steps") or 1000))
 
 
+def on_tpu(mesh) -> bool:
+    """Whether ``mesh`` is made of TPU devices (a slice described by the TPU compiler)."""
+    return mesh.devices.flat[0].platform == "tpu"
+
+
 def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
     """Compile the train step of the run ``spec`` (:func:`planned`) on its mesh with abstract
     inputs; the bytes per device.
 
     The state is built with ``jax.eval_shape`` (shapes only) and placed by ``config.sharding``;
     the batch is ``data.batch_size`` rows of :func:`example_shapes` split over ``data``.
+    On fake CPU devices XLA:CPU compiles with
+    :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`; on a TPU slice's
+    devices the TPU compiler compiles with its defaults, and a step it refuses for memory is a
+    plan with ``refused`` set and its figure as the temporaries.
     With ``status`` (a stream), a status line says what compiles (:func:`compiling`).
     """
     import jax
@@ -147,6 +170,7 @@ def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
     from jax.sharding import PartitionSpec as P
 
     from contrastive_jax.mesh import DATA_AXIS
+    from contrastive_jax.plan import tpu_compiler
     from contrastive_jax.training.models.remat import CPU_COMPILER_OPTIONS
     from contrastive_jax.training.step.model_flops import flops_of
     from contrastive_jax.training.step.state_sharding import bytes_per_device
@@ -161,29 +185,48 @@ def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
     batch = {k: jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=batch_sharding)
              for k, (shape, dtype) in example_shapes(config).items()}
     step = compiled_step(config, mesh, graphdef, state, tx, steps, method)
-    what = (f"the train step for {mesh.devices.size} devices (accumulation_steps="
-            f"{accumulation}{', remat' if config.model.get('remat') else ''}, "
-            f"{(config.get('sharding') or {}).get('params', 'replicated')} parameters)")
+    tpu = on_tpu(mesh)
+    what = (f"the train step for {mesh.devices.size} {'TPU chips' if tpu else 'devices'} "
+            f"(accumulation_steps={accumulation}"
+            f"{', remat' if config.model.get('remat') else ''}, "
+            f"{(config.get('sharding') or {}).get('params', 'replicated')} parameters)"
+            + (" with the TPU compiler" if tpu else ""))
     start = time.perf_counter()
     with compiling(what, status) if status is not None else contextlib.nullcontext():
-        # keep remat's barriers, as the TPU and GPU compilers do (XLA:CPU would undo remat)
-        compiled = step.lower(state, batch).compile(compiler_options=CPU_COMPILER_OPTIONS)
+        lowered = step.lower(state, batch)
+        if tpu:
+            compiled = tpu_compiler.compile_or_refusal(lowered)
+        else:  # keep remat's barriers, as the TPU and GPU compilers do (XLA:CPU undoes remat)
+            compiled = lowered.compile(compiler_options=CPU_COMPILER_OPTIONS)
     seconds = time.perf_counter() - start
-    memory = compiled.memory_analysis()
-    if memory is None:
-        raise ConfigError("this JAX build reports no memory analysis for compiled programs")
     part = {name: getattr(state, name) for name in ("params", "opt_state")}
     other = {name: getattr(state, name) for name in ("rest", "extra", "step", "rng", "skipped",
                                                      "skipped_in_a_row")}
-    return Plan(
-        devices=int(mesh.devices.size), global_batch=rows,
-        accumulation_steps=accumulation,
-        params=bytes_per_device(part["params"], shardings.params),
-        opt_state=bytes_per_device(part["opt_state"], shardings.opt_state),
-        other_state=bytes_per_device(other, {k: getattr(shardings, k) for k in other}),
-        batch=bytes_per_device(batch, jax.tree.map(lambda b: b.sharding, batch)),
-        temporaries=int(memory.temp_size_in_bytes),
-        arguments=int(memory.argument_size_in_bytes),
-        outputs_not_aliased=max(0, int(memory.output_size_in_bytes)
-                                - int(memory.alias_size_in_bytes)),
-        compile_s=seconds, flops=flops_of(compiled))
+    sizes = dict(params=bytes_per_device(part["params"], shardings.params),
+                 opt_state=bytes_per_device(part["opt_state"], shardings.opt_state),
+                 other_state=bytes_per_device(other, {k: getattr(shardings, k) for k in other}),
+                 batch=bytes_per_device(batch, jax.tree.map(lambda b: b.sharding, batch)))
+    common = dict(devices=int(mesh.devices.size), global_batch=rows,
+                  accumulation_steps=accumulation, compile_s=seconds, **sizes)
+    if tpu:
+        common.update(compiler="TPU", usable=tpu_compiler.usable_hbm(mesh.devices.flat))
+    if isinstance(compiled, tpu_compiler.MemoryRefusal):
+        arguments = sum(sizes.values())
+        needed = (compiled.needed or 0) - (arguments if compiled.whole else 0)
+        return Plan(temporaries=max(0, needed), arguments=arguments,
+                    outputs_not_aliased=0, refused=compiled.message,
+                    **{**common, "usable": compiled.available or common["usable"]})
+    memory = compiled.memory_analysis()
+    if memory is None:
+        raise ConfigError("this JAX build reports no memory analysis for compiled programs")
+    result = Plan(temporaries=int(memory.temp_size_in_bytes),
+                  arguments=int(memory.argument_size_in_bytes),
+                  outputs_not_aliased=max(0, int(memory.output_size_in_bytes)
+                                          - int(memory.alias_size_in_bytes)),
+                  flops=flops_of(compiled), **common)
+    if tpu:
+        result.generated_code = int(memory.generated_code_size_in_bytes)
+        result.peak = int(getattr(memory, "peak_memory_in_bytes", 0)) or None
+        result.cost = tpu_compiler.cost_of(compiled)
+        result.laid_out = tpu_compiler.arguments_laid_out(compiled, (state, batch))
+    return result
