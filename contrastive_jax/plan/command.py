@@ -56,18 +56,21 @@ import dataclasses
 import errno
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from absl import flags, logging
 
 from contrastive_jax.accelerators import Target, gpu_cluster, tpu_slice
 from contrastive_jax.errors import STORAGE_ERRNOS, ConfigError, storage_cause
+from contrastive_jax.plan import tpu_compiler
+from contrastive_jax.plan.choice import Choice, choice_lines, choose, settings_key
 from contrastive_jax.plan.report import (
     Speed,
     per_chip_flops,
     remat_check,
     report,
     target_report,
+    usable_bytes,
     uses_remat,
 )
 from contrastive_jax.plan.search import find_fit, with_overrides
@@ -94,13 +97,30 @@ _SEARCH = flags.DEFINE_bool("search", True, "When the config does not fit the ta
 _JSON = flags.DEFINE_string("json", "", "Also write the plan (bytes per device, verdict, speed) "
                             "to this JSON file, checked before anything is compiled.")
 _CHIPS = flags.DEFINE_list("chips", [], f"Chips to compare with (default: {', '.join(CHIPS)}).")
+_COMPILER = flags.DEFINE_enum(
+    "compiler", "auto", ["auto", "tpu", "cpu", "both"],
+    "Which compiler plans the step: tpu (libtpu's TPU compiler, on this CPU; a --slice only), "
+    "cpu (XLA:CPU on fake CPU devices), both (side by side), auto (tpu for a --slice when "
+    "libtpu is installed, else cpu).")
+_SLICES = flags.DEFINE_integer("slices", 1, "TPU slices joined over the data-centre network "
+                               "(multi-slice): the mesh spans all their chips.")
+_CHOOSE = flags.DEFINE_bool("choose", False, "Rank the settings that fit (remat, scanned "
+                            "towers, FSDP, accumulation, --allow_patch_dropout) by the FLOPs "
+                            "the chips execute and print the best as --config overrides.")
+_ALLOW_PATCH_DROPOUT = flags.DEFINE_float(
+    "allow_patch_dropout", None, "With --choose: a patch dropout the search may add to the "
+    "image tower (it changes the model's training: FLIP).")
 
 
 def target_from_flags() -> Target | None:
-    """The ``--slice`` or ``--gpus`` target (at most one), checked against ``--devices``."""
+    """The ``--slice`` (``--slices`` of it) or ``--gpus`` target (at most one), checked
+    against ``--devices``."""
     if _SLICE.value and _GPUS.value:
         raise ConfigError("give --slice or --gpus, not both")
-    target = (tpu_slice(_SLICE.value) if _SLICE.value else
+    if _SLICES.value != 1 and not _SLICE.value:
+        raise ConfigError(f"--slices={_SLICES.value} joins TPU slices: give --slice=... too "
+                          "(a GPU cluster's nodes are --gpus=NODESxGPUS)")
+    target = (tpu_slice(_SLICE.value, _SLICES.value) if _SLICE.value else
               gpu_cluster(_GPUS.value) if _GPUS.value else None)
     if target is not None and _DEVICES.value is not None and _DEVICES.value != target.chips:
         raise ConfigError(f"--devices={_DEVICES.value} but {target.name} has {target.chips} "
@@ -108,6 +128,28 @@ def target_from_flags() -> Target | None:
     if not 0 < _MFU.value <= 1:
         raise ConfigError(f"--mfu must be a fraction in (0, 1]; got {_MFU.value}")
     return target
+
+
+def compilers_from_flags(target: Target | None) -> tuple[str, ...]:
+    """The compilers that plan the step, in the report's order (the last one's plan is the
+    verdict): ``("cpu",)``, ``("tpu",)`` or ``("cpu", "tpu")``. ``--compiler=tpu``/``both``
+    without a TPU slice, or without libtpu installed, is a :class:`ConfigError`."""
+    choice = _COMPILER.value
+    tpu = target is not None and target.generation is not None
+    if choice in ("tpu", "both"):
+        if not tpu:
+            what = "a GPU cluster" if target is not None else "fake CPU devices"
+            raise ConfigError(f"--compiler={choice} compiles for a TPU slice, not {what}: "
+                              "give --slice=... or use --compiler=cpu")
+        tpu_compiler.require()
+        return ("cpu", "tpu") if choice == "both" else ("tpu",)
+    if choice == "auto" and tpu:
+        if tpu_compiler.available():
+            return ("tpu",)
+        print(f"plan: libtpu (the TPU compiler) is not installed, so XLA:CPU estimates the "
+              f"memory; for the TPU compiler's own numbers: {tpu_compiler.install_line()}",
+              file=sys.stderr)
+    return ("cpu",)
 
 
 def json_path_from_flags() -> str:
@@ -156,6 +198,11 @@ def _plan(argv: Sequence[str]) -> None:
 
     json_path = json_path_from_flags()  # before any work: not found after a long compile
     target = target_from_flags()
+    compilers = compilers_from_flags(target)
+    if _CHOOSE.value and target is None:
+        raise ConfigError("--choose ranks settings for a target: give --slice=... or --gpus=...")
+    if _ALLOW_PATCH_DROPOUT.value is not None and not _CHOOSE.value:
+        raise ConfigError("--allow_patch_dropout is a choice for --choose; add --choose")
     devices = target.chips if target is not None else (_DEVICES.value or 8)
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1; got {devices}")
@@ -171,16 +218,29 @@ def _plan(argv: Sequence[str]) -> None:
     unknown = [c for c in _CHIPS.value if c not in CHIPS]
     if unknown:
         raise ConfigError(f"unknown chips {unknown}; known: {sorted(CHIPS)}")
-    mesh = make_mesh(dict(config.get("mesh", {"data": -1})))
+    axes = dict(config.get("mesh", {"data": -1}))
+    cpu_mesh = make_mesh(axes)  # XLA:CPU's, and the model-FLOPs count's
+    meshes = {"cpu": cpu_mesh}
+    if "tpu" in compilers:
+        meshes["tpu"] = make_mesh(axes, devices=tpu_compiler.topology_devices(target))
     name = flags.FLAGS["config"].serialize().partition("=")[2]
-    result = plan(planned(config, mesh), status=sys.stderr)
-    record = {**dataclasses.asdict(result), "total": result.total}
+    compile_plan = plan_cache()
+    plans = {c: compile_plan(config, meshes[c]) for c in compilers}
+    result = plans[compilers[-1]]
+    record = {**dataclasses.asdict(result), "total": result.total, "compiler": result.compiler,
+              "compilers": {plans[c].compiler: {**dataclasses.asdict(plans[c]),
+                                                "total": plans[c].total} for c in compilers}}
     if target is None:
         print(report(result, name, chips))
         record["fits"] = {chip: result.fits(size) for chip, size in chips.items()}
     else:
-        record.update(target_plan(config, mesh, result, name, target, _MFU.value,
-                                  _SEARCH.value))
+        record.update(target_plan(config, meshes[compilers[-1]], result, name, target,
+                                  _MFU.value, _SEARCH.value, cpu_mesh,
+                                  [plans[c] for c in compilers[:-1]], compile_plan))
+        if _CHOOSE.value:
+            ranked = choose_settings(config, meshes[compilers[-1]], cpu_mesh, result, target,
+                                     _ALLOW_PATCH_DROPOUT.value, compile_plan)
+            record["choice"] = ranked.record()
     if json_path:
         from contrastive_jax.training.run.provenance import provenance
 
@@ -192,23 +252,51 @@ def _plan(argv: Sequence[str]) -> None:
                           "smaller data.batch_size")
 
 
+def plan_cache() -> Callable[[object, object], Plan]:
+    """``compile_plan(config, mesh)``: :func:`plan` of :func:`planned` with the status line,
+    each program compiled once per command (the search, the remat check and ``--choose`` ask
+    for some of the same configs; they differ from the command's config only in the settings
+    :func:`~contrastive_jax.plan.choice.settings_key` names)."""
+    plans: dict[tuple, Plan] = {}
+
+    def compile_plan(config, mesh) -> Plan:
+        key = (settings_key(config), id(mesh))
+        if key not in plans:
+            plans[key] = plan(planned(config, mesh), status=sys.stderr)
+        return plans[key]
+
+    return compile_plan
+
+
 def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: float,
-                search: bool) -> dict:
-    """Print the plan against ``target`` (searching for a fit when it does not fit and
-    ``search``); the JSON record's target fields."""
-    budget = HEADROOM * target.usable
+                search: bool, flops_mesh=None, others: Sequence[Plan] = (),
+                compile_plan: Callable[[object, object], Plan] | None = None) -> dict:
+    """Print the plan against ``target`` (searching for a fit on ``mesh`` when it does not fit
+    and ``search``; model FLOPs counted on ``flops_mesh``, CPU devices, default ``mesh``;
+    ``others``: the step by the other compiler, shown beside; ``compile_plan``: a
+    :func:`plan_cache`'s); the JSON record's target fields."""
+    flops_mesh = mesh if flops_mesh is None else flops_mesh
+    compile_plan = compile_plan or plan_cache()
+    usable = usable_bytes(result, target)
+    budget = HEADROOM * usable
     fits = result.total <= budget
-    found = find_fit(config, mesh, budget, result,
-                     lambda c, m: plan(planned(c, m), status=sys.stderr)) \
-        if not fits and search else None
+    found = find_fit(config, mesh, budget, result, compile_plan) if not fits and search else None
     final = (found.answer if found is not None and found.answer is not None else {})
     chosen = with_overrides(config, final) if final else config
-    flops = per_chip_flops(chosen, mesh)
+    flops = per_chip_flops(chosen, flops_mesh)
     images = any(len(shape) == 3 for shape, _ in example_shapes(config).values())
     speed = Speed.of(result, flops, target, mfu, images) if flops else None
-    remat = remat_check(chosen, mesh, budget) if uses_remat(chosen) else None
-    print(target_report(result, name, target, found, speed, remat))
-    return {"target": dataclasses.asdict(target), "usable_bytes": target.usable,
+    remat = (remat_check(chosen, mesh, budget, flops_mesh, compile_plan) if uses_remat(chosen)
+             else None)
+    print(target_report(result, name, target, found, speed, remat, others))
+    roofline = None
+    if result.cost is not None and target.generation is not None:
+        from contrastive_jax.accelerators import TPUS
+
+        gen = TPUS[target.generation]
+        roofline = result.cost.roofline_s(gen.peak_bf16, gen.hbm_bandwidth)
+    return {"target": dataclasses.asdict(target), "usable_bytes": usable,
+            "roofline_s": roofline,
             "fits_target": fits,
             "remat": None if remat is None else dataclasses.asdict(remat),
             "search": None if found is None else {
@@ -216,6 +304,22 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
                           for o, r in found.tried],
                 "answer": found.answer},
             "speed": None if speed is None else dataclasses.asdict(speed)}
+
+
+def choose_settings(config, mesh, flops_mesh, result: Plan, target: Target,
+                    allow_patch_dropout: float | None,
+                    compile_plan: Callable[[object, object], Plan] | None = None) -> Choice:
+    """Rank the settings for ``target`` (:func:`contrastive_jax.plan.choice.choose`): memory
+    compiled on ``mesh`` (``compile_plan``: a :func:`plan_cache`'s), executed FLOPs counted on
+    ``flops_mesh``; print the table."""
+    compile_plan = compile_plan or plan_cache()
+    budget = HEADROOM * usable_bytes(result, target)
+    ranked = choose(config, result.global_batch // result.devices, budget,
+                    lambda c: per_chip_flops(c, flops_mesh, keep_remat=True),
+                    lambda c: compile_plan(c, mesh), allow_patch_dropout, known=result,
+                    devices=result.devices)
+    print("\n".join(choice_lines(ranked)))
+    return ranked
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -226,7 +330,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from contrastive_jax.main import parse_trainer_flags  # defines --config
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    names = ("config", *(f.name for f in (_DEVICES, _SLICE, _GPUS, _MFU, _SEARCH, _JSON,
+    names = ("config", *(f.name for f in (_DEVICES, _SLICE, _SLICES, _GPUS, _COMPILER, _MFU,
+                                          _SEARCH, _CHOOSE, _ALLOW_PATCH_DROPOUT, _JSON,
                                           _CHIPS)))
     sys.exit(command_line.run_command(command_line.Command(
         program="python -m contrastive_jax.plan", doc=__doc__, flag_names=names,
