@@ -239,6 +239,7 @@ def test_plan_for_a_slice_prints_chips_hosts_verdict_and_speed(tmp_path):
     out = tmp_path / "plan.json"
     result = forked_command_lines.run(
         [sys.executable, "-m", "contrastive_jax.plan", "--slice=v4-16", "--mfu=0.5",
+         "--compiler=cpu",  # XLA:CPU's plan (the TPU compiler's: tests/test_plan_tpu.py)
          f"--config={REPO / 'configs' / 'clip_vit_b16_pod.py'}:tiny", f"--json={out}"],
         timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]
