@@ -48,6 +48,7 @@ def plan_one(spec: str, target: str, overrides: list[str]) -> tuple[dict, float]
         out = Path(tmp) / "plan.json"
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "contrastive_jax.plan", f"--slice={target}",
+                        "--compiler=cpu",  # XLA:CPU's (the TPU's: benchmarks/plan_compilers.py)
                         f"--config={ROOT / 'configs' / spec}", f"--json={out}", *overrides],
                        check=True, cwd=ROOT)
         return json.loads(out.read_text()), time.perf_counter() - start

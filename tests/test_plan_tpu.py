@@ -1,6 +1,7 @@
 """The plan on the TPU's own compiler (libtpu, on this CPU): a slice's topology, the tiled
 bytes of its arguments, a refusal read as a figure, the choice of settings; no TPU needed."""
 
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -87,13 +88,13 @@ def test_laid_out_bytes_pad_the_minor_dims_to_the_first_tile(shape, bits, lay, e
     ("RESOURCE_EXHAUSTED: something else entirely", None, None, False),
 ])
 def test_a_refusal_for_memory_is_read_as_figures(text, needed, available, whole):
-    refused = tpu_compiler.refusal(RuntimeError(text))
+    refused = tpu_compiler.memory_refusal(RuntimeError(text))
     assert (refused.needed, refused.available, refused.whole) == (needed, available, whole)
     assert refused.message.startswith(("RESOURCE_EXHAUSTED", "jax.errors"))
 
 
 def test_another_error_is_not_a_refusal():
-    assert tpu_compiler.refusal(RuntimeError("UNIMPLEMENTED: HLO opt-barrier")) is None
+    assert tpu_compiler.memory_refusal(RuntimeError("UNIMPLEMENTED: HLO opt-barrier")) is None
 
 
 def test_the_roofline_is_sound_only_without_loops():
@@ -302,3 +303,44 @@ def test_bad_compiler_and_slice_flags_exit_2_with_one_line(flags, message):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "compiling" not in result.stderr
+
+
+def test_the_compilers_benchmark_table_reads_each_record():
+    """benchmarks/plan_compilers.py's table from a record (as its subprocesses write them):
+    one row per slice, the ratio of the totals, the verdict against the TPU compiler's usable
+    memory; ``--set`` values read as ``--config`` reads them."""
+    import plan_compilers
+
+    def fields(total, temporaries, usable=None, code=0):
+        return {"total": total * GiB, "arguments": GiB // 20, "temporaries": temporaries * GiB,
+                "outputs_not_aliased": 0, "generated_code": code * GiB, "peak": None,
+                "usable": usable, "refused": None, "compile_s": 25.0,
+                "state_and_batch": GiB // 20, "laid_out": None, "tpu_flops": None}
+
+    record = {"variant": "", "chips": 128, "global_batch": 32768, "flops_per_example": 112.4e9,
+              "cpu": fields(8.0, 7.95), "tpu": {"v4-256": fields(4.0, 3.9, 30.75 * GiB, 0.05),
+                                                "v5p-256": fields(30.0, 29.9, 31 * GiB)}}
+    rows = plan_compilers.rows_of([record], ["v4-256", "v5p-256"])
+    assert [(r["slice"], r["ratio"], r["fits"]) for r in rows] == [
+        ("v4-256", 2.0, True), ("v5p-256", 8 / 30, False)]
+    lines = plan_compilers.table(rows).splitlines()
+    assert lines[2].startswith("| template | v4-256 (128) | 8.00 | 4.00 | 2.00 | ")
+    assert "| yes (30.75) | 112.4 | 25 / 25 |" in lines[2] and "| no (31.00) |" in lines[3]
+    assert plan_compilers.literal("float32") == "float32" and plan_compilers.literal("2") == 2
+
+
+def test_the_headline_names_the_compiler_and_the_slices():
+    from contrastive_jax.plan import Plan
+    from contrastive_jax.plan.report import headline
+
+    p = Plan(devices=8, global_batch=64, accumulation_steps=1, params=0, opt_state=0,
+             other_state=0, batch=0, temporaries=0, arguments=0, outputs_not_aliased=0,
+             compile_s=12.0, compiler="TPU")
+    assert headline(p, "tiny", tpu_slice("v5e-4", 2)) == (
+        "memory plan: tiny on TPU v5e v5e-4 (4 chips on 1 host, 16.00 GiB each) x 2 slices "
+        "over the data-centre network (8 chips in all), global batch 64 (8 per device); "
+        "compiled in 12 s by the TPU compiler (libtpu) on this CPU")
+    one = dataclasses.replace(p, devices=1, global_batch=8, compiler="XLA:CPU")
+    assert headline(one, "tiny", tpu_slice("v5e-1")).startswith(
+        "memory plan: tiny on TPU v5e v5e-1 (1 chip on 1 host, 16.00 GiB each), global batch 8")
+    assert headline(one, "tiny", tpu_slice("v5e-1")).endswith("compiled in 12 s by XLA:CPU")

@@ -73,13 +73,15 @@ def headline(p: Plan, config_name: str, target: Target | None = None) -> str:
              if p.accumulation_steps > 1 else "")
     where = f"{p.devices} devices"
     if target is not None:
-        where = (f"{target.kind} {target.name} ({target.chips} chips on {target.hosts} "
-                 f"host{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)"
+        chips, hosts = target.chips // target.slices, target.hosts // target.slices
+        where = (f"{target.kind} {target.name} ({chips} chip{'s' if chips > 1 else ''} on "
+                 f"{hosts} host{'s' if hosts > 1 else ''}, {_size(target.memory)} each)"
                  if target.kind.startswith("TPU") else
                  f"{target.chips} GPUs ({target.kind}, {target.hosts} node"
                  f"{'s' if target.hosts > 1 else ''}, {_size(target.memory)} each)")
-    if target is not None and target.slices > 1:
-        where += f" x {target.slices} slices (multi-slice: {target.chips} chips in all)"
+        if target.slices > 1:
+            where += (f" x {target.slices} slices over the data-centre network "
+                      f"({target.chips} chips in all)")
     by = "by the TPU compiler (libtpu) on this CPU" if p.compiler == "TPU" else "by XLA:CPU"
     return (f"memory plan: {config_name} on {where}, global batch {p.global_batch} "
             f"({per_device} per device{micro}); compiled in {p.compile_s:.0f} s {by}")

@@ -107,7 +107,7 @@ class MemoryRefusal:
     whole: bool = False  # ``needed`` counts the arguments and outputs too
 
 
-def refusal(err: BaseException) -> MemoryRefusal | None:
+def memory_refusal(err: BaseException) -> MemoryRefusal | None:
     """The figures of a compile refused for memory (``RESOURCE_EXHAUSTED``), else ``None``."""
     text = str(err)
     if "RESOURCE_EXHAUSTED" not in text:
@@ -128,7 +128,7 @@ def compile_or_refusal(lowered) -> Any:
     try:
         return lowered.compile()
     except Exception as err:
-        refused = refusal(err)
+        refused = memory_refusal(err)
         if refused is None:
             raise
         return refused
