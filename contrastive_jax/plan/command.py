@@ -1,53 +1,71 @@
 """Memory and speed plan before launch: will this config fit on that pod, and how fast?
 
     python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --slice=v4-256
+    python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --slice=v5e-256 --choose
     python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --gpus=4x8:h100
     python -m contrastive_jax.plan --config=configs/clip_vit_b16_pod.py --devices=128
 
 turns the target into chips, hosts and memory per chip (:mod:`contrastive_jax.accelerators`:
-TPU v4 and v5p slice names count TensorCores, ``v4-256`` is 128 chips), compiles the config's
-train step ahead of time on that many fake CPU devices, with abstract inputs (no parameter is
-initialised, no data is read), and prints what one chip holds: parameters, optimiser state, the
-other state (BatchNorm statistics, MoCo's queue), the batch, and the compiled step's
-temporaries; whether that fits with at least 10% headroom; the step's FLOPs per chip, its time at
-a stated model-FLOPs utilisation (``--mfu``), the examples per second each host must deliver and
-the host CPU cores that takes for an image-text input. On a GPU target the usable memory is the
-fraction JAX preallocates (75% unless ``XLA_CLIENT_MEM_FRACTION`` says otherwise).
+TPU v4 and v5p slice names count TensorCores, ``v4-256`` is 128 chips; ``--slices=N``: N such
+slices joined over the data-centre network), compiles the config's train step ahead of time
+with abstract inputs (no parameter is initialised, no data is read), and prints what one chip
+holds: parameters, optimiser state, the other state (BatchNorm statistics, MoCo's queue), the
+batch, and the compiled step's temporaries; whether that fits with at least 10% headroom; the
+step's FLOPs per chip, its time at a stated model-FLOPs utilisation (``--mfu``), the examples
+per second each host must deliver and the host CPU cores that takes for an image-text input.
+
+Which compiler (``--compiler``). For a TPU slice with libtpu installed (``pip install
+"jax[tpu]==<the installed jax>"``, about 700 MB; the test extra has it) the default is the TPU
+compiler itself, run on this CPU for the slice's own devices
+(:mod:`contrastive_jax.plan.tpu_compiler`): its arguments in the chip's tiled layouts, its
+temporaries and generated code, against the memory it says a chip has (30.75 GiB of a v4's 32);
+a step it refuses for memory is reported as not fitting with its figure. ``--compiler=cpu``
+(the default for GPUs, fake CPU devices, or without libtpu) compiles on as many fake CPU devices
+as the target has chips with XLA:CPU, whose temporaries approximate the accelerator's (about 2x
+the TPU compiler's on the pod template: docs/benchmarks.md); it is compiled with
+:data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`, which keeps
+rematerialisation as the accelerators do. ``--compiler=both`` prints the two side by side (the
+TPU compiler's is the verdict). On a GPU target the usable memory is the fraction JAX
+preallocates (75% unless ``XLA_CLIENT_MEM_FRACTION`` says otherwise).
 
 When the config does not fit, the plan searches: it compiles candidates to find the smallest
 ``accumulation_steps`` that fits (the divisors of the per-chip batch, starting from the one the
-first plan predicts: usually two compiles), then,
-if even one example per micro-batch does not fit, the same with FSDP and with remat, and prints
-the ``--config...`` overrides to paste. A status line on stderr says what is compiling and for
-how long (a compile of the pod template for 128 chips takes about 40 s on 2 cores).
+first plan predicts: usually two compiles), then, if even one example per micro-batch does not
+fit, the same with FSDP and with remat, and prints the ``--config...`` overrides to paste.
+``--choose`` ranks every combination of remat (off, a policy that saves the matmuls, full),
+scanned or unrolled towers, replicated or FSDP parameters and, with
+``--allow_patch_dropout=P``, patch dropout, each at the smallest accumulation that fits, by the
+FLOPs the chips execute (:mod:`contrastive_jax.plan.choice`), and prints the best as overrides.
+Each program is compiled once per command. A status line on stderr says what is compiling and
+for how long (the pod template for 128 chips: about 40 s with XLA:CPU, 100-400 s with the TPU
+compiler, on 2 cores).
 
 The state bytes follow exactly from the shapes and ``config.sharding``
-(:mod:`contrastive_jax.training.step.state_sharding`); the temporaries are XLA:CPU's for the same
-partitioned program, an approximation of the accelerator's (the TPU and GPU compilers fuse,
-lay out and rematerialise differently, and bf16 may be emulated on CPU), so leave headroom.
-The step is compiled with :data:`~contrastive_jax.training.models.remat.CPU_COMPILER_OPTIONS`,
-which keeps rematerialisation as the accelerators do (XLA:CPU would otherwise undo it).
-The speed section's FLOPs are the step's model FLOPs per chip: XLA's count of the step without
-remat, accumulation, scanned layers or tiled losses
-(:mod:`contrastive_jax.training.step.model_flops`; the compiled program counts a scanned
-tower's loop body once), divided by the chips, and the step time is those at the stated
-model-FLOPs utilisation. Planned for a target, a config with remat is also compiled without
-it: the plan says whether the step fits without remat and what the recomputation costs (the
-FLOPs of the step with it, counted the same way), so that remat stays on only where it is
-needed.
+(:mod:`contrastive_jax.training.step.state_sharding`). The speed section's FLOPs are the step's
+model FLOPs per chip: XLA's count of the step without remat, accumulation, scanned layers or
+tiled losses (:mod:`contrastive_jax.training.step.model_flops`, always on CPU devices; a
+compiled program counts a loop's body once), divided by the chips, and the step time is those
+at the stated model-FLOPs utilisation. With the TPU compiler the plan also prints its cost
+analysis, and a roofline time (FLOPs at peak against bytes at the HBM bandwidth) only for a step
+without loops, where the analysis covers the whole step. Planned for a target, a config with
+remat is also compiled without it: the plan says whether the step fits without remat and what
+the recomputation costs, so that remat stays on only where it is needed.
 
-``--json=PATH`` also writes the plan as JSON (bytes per device, the target's verdict, the
-search, the speed, the run's provenance), atomically: a temporary file renamed over PATH. PATH
-is checked before anything is compiled: a folder, a path whose folder is missing or is a file,
-a folder where no file can be created, an empty ``--json=`` are each an error at once.
+``--json=PATH`` also writes the plan as JSON (bytes per device by each compiler, the target's
+verdict, the search, the choice, the speed, the run's provenance), atomically: a temporary file
+renamed over PATH. PATH is checked before anything is compiled: a folder, a path whose folder is
+missing or is a file, a folder where no file can be created, an empty ``--json=`` are each an
+error at once.
 
 Exit status 2 with one line ``error: ...`` for what the user must change: a config that
 cannot be compiled (a batch that does not divide over the devices, an unknown setting: as the
-trainer would say at start), an unknown slice name, a GPU spec without memory, a batch that no
-candidate fits, an unusable ``--json`` path, or a ``--json`` write that the system refused
-after the compile (disk full, file-size limit: the tables are printed, PATH is left as it
-was). Exit status 130 with one line ``interrupted (SIGINT) while compiling ...: nothing more
-was written`` for Ctrl-C, at once, during a compile too (:mod:`contrastive_jax.interrupts`).
+trainer would say at start), an unknown slice name, a topology the TPU compiler does not know,
+``--compiler=tpu`` without libtpu (with the install line) or for a GPU or CPU target,
+``--slices`` without ``--slice``, a GPU spec without memory, a batch that no candidate fits, an
+unusable ``--json`` path, or a ``--json`` write that the system refused after the compile
+(disk full, file-size limit: the tables are printed, PATH is left as it was). Exit status 130
+with one line ``interrupted (SIGINT) while compiling ...: nothing more was written`` for
+Ctrl-C, at once, during a compile too (:mod:`contrastive_jax.interrupts`).
 """
 
 from __future__ import annotations
