@@ -344,3 +344,21 @@ def test_the_headline_names_the_compiler_and_the_slices():
     assert headline(one, "tiny", tpu_slice("v5e-1")).startswith(
         "memory plan: tiny on TPU v5e v5e-1 (1 chip on 1 host, 16.00 GiB each), global batch 8")
     assert headline(one, "tiny", tpu_slice("v5e-1")).endswith("compiled in 12 s by XLA:CPU")
+
+
+def test_a_step_without_loops_gets_the_roofline_time():
+    """SimCLR's MNIST-1D step with the autodiff loss (no tiled loop, no scan, no
+    accumulation) on one v5e chip: the compiled program has no loops, so the TPU compiler's
+    totals are the step's and the plan prints max(FLOPs / peak, bytes / HBM bandwidth)."""
+    from contrastive_jax.plan.report import roofline_lines
+    from contrastive_jax.plan.search import with_overrides
+
+    config = with_overrides(load_config("simclr_mnist1d.py"), {"loss.impl": "autodiff"})
+    target = tpu_slice("v5e-1")
+    p = plan(planned(config, make_mesh({"data": -1},
+                                       devices=tpu_compiler.topology_devices(target))))
+    assert p.cost is not None and not p.cost.loops and p.cost.flops > 0
+    seconds = max(p.cost.flops / 197e12, p.cost.bytes_accessed / 819e9)
+    lines = roofline_lines(p, target)
+    assert lines[1] == (f"  roofline (no step is faster) {seconds * 1e3:.3f} ms = max(FLOPs / "
+                        "197 TFLOP/s, bytes / 819 GB/s)"), lines

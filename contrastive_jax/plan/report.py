@@ -287,7 +287,7 @@ def roofline_lines(p: Plan, target: Target) -> list[str]:
                      "whose bodies the analysis counts once, so no step time from it; the time "
                      "above is at the stated utilisation)")
     else:
-        lines.append(f"  roofline (no step is faster) {roofline:.3f} s = max(FLOPs / "
+        lines.append(f"  roofline (no step is faster) {roofline * 1e3:.3f} ms = max(FLOPs / "
                      f"{gen.peak_bf16 / 1e12:.0f} TFLOP/s, bytes / {gen.hbm_bandwidth / 1e9:.0f}"
                      " GB/s)")
     return lines

@@ -186,9 +186,13 @@ def plan(spec: RunSpec, *, status: TextIO | None = None) -> Plan:
              for k, (shape, dtype) in example_shapes(config).items()}
     step = compiled_step(config, mesh, graphdef, state, tx, steps, method)
     tpu = on_tpu(mesh)
+    remat = config.model.get("remat")
+    unrolled = any(config.model[t].get("scan") is False
+                   for t in ("sample_encoder", "text_encoder", "encoder") if t in config.model)
     what = (f"the train step for {mesh.devices.size} {'TPU chips' if tpu else 'devices'} "
             f"(accumulation_steps={accumulation}"
-            f"{', remat' if config.model.get('remat') else ''}, "
+            f"{', remat' if remat is True else f', remat={remat}' if remat else ''}"
+            f"{', unrolled towers' if unrolled else ''}, "
             f"{(config.get('sharding') or {}).get('params', 'replicated')} parameters)"
             + (" with the TPU compiler" if tpu else ""))
     start = time.perf_counter()
