@@ -362,3 +362,23 @@ def test_a_step_without_loops_gets_the_roofline_time():
     lines = roofline_lines(p, target)
     assert lines[1] == (f"  roofline (no step is faster) {seconds * 1e3:.3f} ms = max(FLOPs / "
                         "197 TFLOP/s, bytes / 819 GB/s)"), lines
+
+
+def test_a_step_the_tpu_compiler_refuses_is_a_plan_that_does_not_fit():
+    """Twice the batch of the test above (30 GiB of temporaries for a 15.75 GiB chip): the TPU
+    compiler refuses the program; the plan holds its figure as the temporaries and its first
+    line, and the report says it does not fit, with the refusal, not a traceback."""
+    from contrastive_jax.plan.report import target_report
+    from contrastive_jax.plan.search import with_overrides
+
+    config = with_overrides(load_config("simclr_mnist1d.py"), {
+        "model.encoder.length": 40960, "data.batch_size": 512})
+    target = tpu_slice("v5e-1")
+    p = plan(planned(config, make_mesh({"data": -1},
+                                       devices=tpu_compiler.topology_devices(target))))
+    assert p.refused is not None and p.refused.startswith("RESOURCE_EXHAUSTED"), p.refused
+    assert p.usable == int(15.75 * GiB) and p.temporaries > p.usable
+    assert p.arguments == p.params + p.opt_state + p.other_state + p.batch
+    assert p.total == p.arguments + p.temporaries and p.cost is None
+    text = target_report(p, "long signals", target, None, None)
+    assert "  does NOT fit: " in text and "the TPU compiler refused the step: RESOURCE_" in text
