@@ -48,12 +48,17 @@ def test_every_slice_size_has_a_torus_of_its_chips():
 
 def test_the_compilers_devices_are_one_per_chip_and_a_bad_topology_says_so():
     """v4-16 is 8 chips: 8 devices (the default chip config would give one per TensorCore);
-    two slices of v5e-4 are 8 devices in slice-major order. An unknown torus is a ConfigError
-    naming it."""
+    two slices of v5e-4 are 8 devices in slice-major order, and the step compiles over them.
+    An unknown torus is a ConfigError naming it."""
     v4 = tpu_compiler.topology_devices(tpu_slice("v4-16"))
     assert len(v4) == 8 and {d.platform for d in v4} == {"tpu"}
     two = tpu_compiler.topology_devices(tpu_slice("v5e-4", 2))
     assert len(two) == 8 and [d.slice_index for d in two] == [0] * 4 + [1] * 4
+    # the tiny template over both slices (the data axis spans them, slice-major)
+    multi = plan(planned(load_config("clip_vit_b16_pod.py:tiny"), make_mesh({"data": -1},
+                                                                             devices=two)))
+    assert multi.compiler == "TPU" and multi.devices == 8 and multi.refused is None
+    assert multi.arguments == multi.laid_out and multi.usable == int(15.75 * GiB)
     with pytest.raises(ConfigError, match="does not know the topology v4:3x5x7"):
         tpu_compiler.devices_of(TpuTopology("v4:3x5x7", "megacore", (2, 2, 1), 1))
 
