@@ -4,6 +4,8 @@ compiler (libtpu, on this CPU) for the slice's own chips, per TPU generation.
     python benchmarks/plan_compilers.py                     # 3 variants x 4 slices, ~1 h
     python benchmarks/plan_compilers.py --variants tiny --slices v4-16 v5e-8   # a minute
     python benchmarks/plan_compilers.py --jobs 2            # two compiles at a time
+    python benchmarks/plan_compilers.py --choose --variants template --slices v5e-256 \
+        --out experiments/results/plan_choose                # the settings --choose picks
     python benchmarks/plan_compilers.py --variants template --slices v4-256 \
         --set model.dtype=float32 --out experiments/results/plan_compilers_float32
 
@@ -17,6 +19,9 @@ and counts the model FLOPs per example once per variant
 plan's speed section). One subprocess per variant and chip count: the fake CPU device count is
 fixed when JAX starts, so the slices of one chip count share XLA:CPU's compile (v4-256 and
 v5p-256 are both 128 chips). No remat check and no search: each row is the config as given.
+
+``--choose`` runs ``python -m contrastive_jax.plan --compiler=tpu --choose`` per variant and slice
+instead and tabulates the config as given against the best setting it found.
 
 Writes ``experiments/results/plan_compilers.{md,json}``: per chip, each compiler's total and
 its parts (arguments as the compiler counts them against the state and batch from the
@@ -162,6 +167,51 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def choose_one(variant: str, name: str, overrides: dict[str, object]) -> dict:
+    """``python -m contrastive_jax.plan --choose`` for one variant and slice (the TPU compiler):
+    its JSON record."""
+    import tempfile
+
+    spec = f"{ROOT / 'configs' / 'clip_vit_b16_pod.py'}" + (f":{variant}" if variant else "")
+    with tempfile.TemporaryDirectory() as folder:
+        out = pathlib.Path(folder) / "plan.json"
+        start = time.perf_counter()
+        result = subprocess.run(
+            [sys.executable, "-m", "contrastive_jax.plan", f"--config={spec}", f"--slice={name}",
+             "--compiler=tpu", "--choose", f"--json={out}",
+             *(f"--config.{k}={v}" for k, v in overrides.items())],
+            capture_output=True, text=True, cwd=ROOT)
+        if result.returncode != 0:
+            raise RuntimeError(f"--choose for {variant or 'template'} on {name} failed:\n"
+                               f"{result.stderr[-3000:]}")
+        record = json.loads(out.read_text())
+    record["variant"], record["slice"] = variant, name
+    record["command_s"] = time.perf_counter() - start
+    return record
+
+
+def choice_table(records: list[dict]) -> str:
+    """The config as given against the best setting ``--choose`` found, per variant and slice."""
+    from contrastive_jax.plan.search import paste
+
+    header = ["variant", "slice", "as given: GiB, TFLOP per chip per step", "best: settings",
+              "best: GiB, TFLOP per chip per step", "compiled (of candidates)", "command s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for r in records:
+        candidates = r["choice"]["candidates"]
+        best = next(c for c in candidates if c["accumulation"] is not None)
+        given = r["remat"]["flops_with_remat_per_chip"] if r["remat"] else r["speed"][
+            "flops_per_chip"]
+        lines.append("| " + " | ".join([
+            r["variant"] or "template", r["slice"], f"{gib(r['total'])}, {given / 1e12:.2f}",
+            "`" + paste({**best["settings"], "accumulation_steps": best["accumulation"]})
+            .replace("--config.", "") + "`",
+            f"{gib(best['total'])}, {best['flops'] / 1e12:.2f}",
+            f"{sum(c['compiled'] for c in candidates)} of {len(candidates)}",
+            f"{r['command_s']:.0f}"]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     arguments.add_argument("--variants", nargs="*", default=list(VARIANTS),
@@ -172,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="config overrides for every variant (model.dtype=float32)")
     arguments.add_argument("--out", default=str(RESULTS / "plan_compilers"),
                            help="output path without suffix (.md, .json)")
+    arguments.add_argument("--choose", action="store_true",
+                           help="run the plan's --choose per variant and slice instead")
     arguments.add_argument("--one", help=argparse.SUPPRESS)
     args = arguments.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu installed: no TPU to look for
@@ -186,6 +238,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.slices:
         by_chips.setdefault(tpu_slice(name).chips, []).append(name)
     overrides = {k: literal(v) for k, v in (item.split("=", 1) for item in args.set)}
+    if args.choose:
+        cases = [(v, name) for v in variants for name in args.slices]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            chosen = list(pool.map(lambda case: choose_one(*case, overrides), cases))
+        text = "\n".join([
+            "# The settings the plan chooses (--choose, the TPU compiler)", "",
+            f"Provenance: {json.dumps(provenance(), sort_keys=True)}", "",
+            f"Produced by `python benchmarks/plan_compilers.py --choose --jobs {args.jobs}"
+            f"{''.join(f' --set {item}' for item in args.set)}` (variants "
+            f"{', '.join(v or 'template' for v in variants)}; slices {', '.join(args.slices)}).",
+            "", choice_table(chosen), ""])
+        out = pathlib.Path(args.out)
+        out.with_suffix(".md").write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(chosen, indent=1) + "\n")
+        print(text)
+        return 0
     jobs = [(v, chips, names, i == 0, overrides) for v in variants
             for i, (chips, names) in enumerate(sorted(by_chips.items()))]
     with ThreadPoolExecutor(args.jobs) as pool:
