@@ -332,6 +332,18 @@ def test_the_compilers_benchmark_table_reads_each_record():
     assert lines[2].startswith("| template | v4-256 (128) | 8.00 | 4.00 | 2.00 | ")
     assert "| yes (30.75) | 112.4 | 25 / 25 |" in lines[2] and "| no (31.00) |" in lines[3]
     assert plan_compilers.literal("float32") == "float32" and plan_compilers.literal("2") == 2
+    chosen = {"variant": "", "slice": "v5e-256", "total": 2 * GiB, "command_s": 600.0,
+              "remat": {"flops_with_remat_per_chip": 17.6e12}, "speed": None,
+              "choice": {"candidates": [
+                  {"settings": {"model.remat": False}, "flops": 14.4e12, "accumulation": None,
+                   "total": 30 * GiB, "compiled": True},
+                  {"settings": {"model.remat": False, "sharding.params": "fsdp"},
+                   "flops": 14.4e12, "accumulation": 2, "total": 12 * GiB, "compiled": True},
+                  {"settings": {"model.remat": True}, "flops": 17.6e12, "accumulation": None,
+                   "total": None, "compiled": False}]}}
+    row = plan_compilers.choice_table([chosen]).splitlines()[2]
+    assert row == ("| template | v5e-256 | 2.00, 17.60 | `model.remat=False sharding.params=fsdp "
+                   "accumulation_steps=2` | 12.00, 14.40 | 2 of 3 | 600 |")
 
 
 def test_the_headline_names_the_compiler_and_the_slices():

@@ -185,15 +185,16 @@ def choose(config, per_device: int, budget: float, flops_of: Callable[[Any], flo
 
 def choice_lines(choice: Choice) -> list[str]:
     """The ranked candidates as a table, and the best as ``--config`` overrides."""
+    names = {id(c): paste(c.settings).replace("--config.", "") for c in choice.candidates}
+    width = max([8, *map(len, names.values())])
     lines = ["", "choice (--choose): the settings that fit, by the FLOPs the chips execute:",
-             f"  {'settings':78s} {'accum.':>6s} {'memory':>10s} {'TFLOP/chip':>11s}"]
+             f"  {'settings':{width}s} {'accum.':>6s} {'memory':>10s} {'TFLOP/chip':>11s}"]
     for c in choice.candidates:
         memory = "-" if c.total is None else f"{c.total / 2**30:.2f} GiB"
         flops = "-" if c.flops is None else f"{c.flops / 1e12:.3f}"
         accumulation = ("none fits" if c.compiled and c.accumulation is None else
                         "-" if not c.compiled else str(c.accumulation))
-        lines.append(f"  {paste(c.settings).replace('--config.', ''):78s} {accumulation:>6s} "
-                     f"{memory:>10s} {flops:>11s}")
+        lines.append(f"  {names[id(c)]:{width}s} {accumulation:>6s} {memory:>10s} {flops:>11s}")
     best = choice.best
     lines.append("")
     if best is None:
