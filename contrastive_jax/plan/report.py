@@ -192,7 +192,8 @@ def remat_lines(check: RematCheck, usable: int) -> list[str]:
     """What the plan without remat says: the bytes, the verdict, the FLOPs remat costs."""
     verdict = ("it fits without remat too: drop it to save the recomputation "
                "(--config.model.remat=False)" if check.fits_without else
-               "it does not fit without remat: keep it")
+               "it does not fit without remat as it is: keep it, or see --choose (unrolled "
+               "towers or more micro-batches may fit without it)")
     lines = ["", "remat (model.remat):",
              f"  without remat the step needs {_size(check.total_without)} per chip "
              f"({100 * check.total_without / usable:.0f}% of the usable memory): {verdict}"]
