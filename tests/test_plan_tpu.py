@@ -301,6 +301,8 @@ def test_without_libtpu_compiler_tpu_exits_2_with_the_install_line():
     (("--slice=v5e-4", "--allow_patch_dropout=0.5"),
      "--allow_patch_dropout is a choice for --choose; add --choose"),
     (("--slice=v5e-4", "--slices=0"), "--slices must be >= 1; got 0"),
+    (("--slice=v5e-4", "--choose", "--allow_patch_dropout=1.0"),
+     "--allow_patch_dropout is the fraction of image patches dropped, in [0, 1); got 1.0"),
 ])
 def test_bad_compiler_and_slice_flags_exit_2_with_one_line(flags, message):
     result = plan_command(*flags, timeout=300)

@@ -221,6 +221,9 @@ def _plan(argv: Sequence[str]) -> None:
         raise ConfigError("--choose ranks settings for a target: give --slice=... or --gpus=...")
     if _ALLOW_PATCH_DROPOUT.value is not None and not _CHOOSE.value:
         raise ConfigError("--allow_patch_dropout is a choice for --choose; add --choose")
+    if _ALLOW_PATCH_DROPOUT.value is not None and not 0 <= _ALLOW_PATCH_DROPOUT.value < 1:
+        raise ConfigError(f"--allow_patch_dropout is the fraction of image patches dropped, in "
+                          f"[0, 1); got {_ALLOW_PATCH_DROPOUT.value}")
     devices = target.chips if target is not None else (_DEVICES.value or 8)
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1; got {devices}")
