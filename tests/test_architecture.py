@@ -202,8 +202,10 @@ TRAINING_ROOMS = {
     "config": {"step"},  # base_config (the state's sharding defaults)
     # resolve(config, workdir) -> RunSpec: the method, the sources, the evaluators, the mesh
     "run_spec": {"data", "evaluation", "methods", "models", "run", "step"},
+    # the periodic and final evaluations, results.json, a stopped run's message
+    "run_results": {"evaluation", "run", "step"},
     "train": {"augmentations", "data", "models", "methods", "evaluation", "step", "run",
-              "config", "run_spec"},  # the loop
+              "config", "run_spec", "run_results"},  # the loop
 }
 
 

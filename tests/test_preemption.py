@@ -100,7 +100,7 @@ def test_the_trainer_names_the_signal_that_stopped_its_final_evaluation(tmp_path
     from tensorflow_datasets.core.utils import py_utils
     from trained_workdirs import simclr_quick_config
 
-    from contrastive_jax.training import train
+    from contrastive_jax.training import run_results, train
     from contrastive_jax.training.run.preemption import Interrupted
 
     def interrupted_in_tfds(*args, **kwargs):
@@ -111,7 +111,7 @@ def test_the_trainer_names_the_signal_that_stopped_its_final_evaluation(tmp_path
 
     config = simclr_quick_config()
     config.evaluation.enabled = True
-    monkeypatch.setattr(train, "evaluate", interrupted_in_tfds)
+    monkeypatch.setattr(run_results, "evaluate", interrupted_in_tfds)
     stopped = train.train_and_evaluate(config, str(tmp_path))
     out = capsys.readouterr().out
     assert stopped["stopped_at"] == config.total_steps

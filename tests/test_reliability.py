@@ -15,7 +15,7 @@ import pytest
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import make_mesh
-from contrastive_jax.training import train
+from contrastive_jax.training import run_results, train
 from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.run.checkpoints import CheckpointError
 from contrastive_jax.training.step.train_state import all_finite, params_digest
@@ -304,7 +304,7 @@ def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evalua
     simclr_quick_workdir(tmp_path)  # trained once per process, copied: steps 1-6
     config = quick(total_steps=9, checkpoint_every=3)
     config.evaluation.enabled = True
-    real_evaluate, real_message = train.evaluate, Progress.message
+    real_evaluate, real_message = run_results.evaluate, Progress.message
     default = signal.getsignal(signum)
 
     def signal_self():
@@ -322,7 +322,7 @@ def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evalua
             signal_self()
 
     if when == "evaluating":
-        monkeypatch.setattr(train, "evaluate", signalled)
+        monkeypatch.setattr(run_results, "evaluate", signalled)
     else:
         monkeypatch.setattr(Progress, "message", announced)
     before = signal.getsignal(signum)
@@ -334,7 +334,7 @@ def test_a_signal_during_the_final_evaluation_stops_cleanly_and_the_rerun_evalua
             "training is finished and saved (checkpoint 9") in out, out
     assert not json.loads((tmp_path / "results.json").read_text()).get("steps") == 9
     assert signal.getsignal(signum) is before  # the handler restored
-    monkeypatch.setattr(train, "evaluate", real_evaluate)
+    monkeypatch.setattr(run_results, "evaluate", real_evaluate)
     monkeypatch.setattr(Progress, "message", real_message)
     results = train.train_and_evaluate(config, str(tmp_path))
     assert results["steps"] == 9 and results["resumed_from"] == 9

@@ -23,7 +23,9 @@
 3. the evaluation of the trained model (:func:`~contrastive_jax.training.evaluation.
    run_evaluation.evaluate`: linear probe, kNN, alignment and uniformity; for dual encoders
    retrieval Recall@k and zero-shot accuracy) and ``workdir/results.json`` (with the run's
-   provenance: :func:`~contrastive_jax.training.run.provenance.provenance`).
+   provenance: :func:`~contrastive_jax.training.run.provenance.provenance`), or, for a run a
+   signal stopped, its checkpoint and what to do next (:mod:`contrastive_jax.training.
+   run_results`, which also holds the periodic evaluation).
 
 The method supplies the loss and whatever it adds to the state and the results
 (:class:`~contrastive_jax.training.methods.Method`); nothing here knows which method runs.
@@ -37,14 +39,12 @@ sharded loss (``loss.strategy``), both exact over the global batch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 import optax
 from etils import epath
 
@@ -52,30 +52,27 @@ from contrastive_jax.accelerators import device_peak_flops
 from contrastive_jax.errors import ConfigError, NonFiniteError
 from contrastive_jax.training.data import open_split, train_iterator
 from contrastive_jax.training.data.sources import damaged_data_error
-from contrastive_jax.training.evaluation.evaluators import evaluate, summary_line, titles
 from contrastive_jax.training.methods import Method
 from contrastive_jax.training.run import checkpoints, init_from, profiling
 from contrastive_jax.training.run.compilation_cache import ModelFlopsMemo
-from contrastive_jax.training.run.preemption import Interrupted, StopSignal, interrupt_on_signal
+from contrastive_jax.training.run.preemption import StopSignal
 from contrastive_jax.training.run.progress import MetricWindow, Progress, scale_settings
-from contrastive_jax.training.run.provenance import provenance
 from contrastive_jax.training.run.skipped_updates import check_skipped_updates
-from contrastive_jax.training.run.workdir import json_output
 from contrastive_jax.training.run.workdir.config_record import check_config, write_config
 from contrastive_jax.training.run.workdir.workdir_lock import workdir_lock
+from contrastive_jax.training.run_results import (
+    Clock,
+    LoopEnd,
+    evaluate_at,
+    final_results,
+    previous_results,
+    stopped,
+)
 from contrastive_jax.training.run_spec import RunSpec, resolve
 from contrastive_jax.training.step import model_flops
 from contrastive_jax.training.step.state_sharding import state_shardings
-from contrastive_jax.training.step.train_state import TrainState, create_state, params_digest
+from contrastive_jax.training.step.train_state import TrainState, create_state
 from contrastive_jax.training.step.train_step import compiled_step
-
-
-def _previous_results(workdir: epath.Path) -> dict[str, Any]:
-    """The workdir's ``results.json`` (written by an earlier run), or ``{}``."""
-    try:
-        return json.loads((workdir / "results.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 @dataclasses.dataclass
@@ -194,7 +191,7 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False,
     state, resumed, loaded = _resume_or_start(run, state, ckpt, resplit_data)
     write_config(run.config, run.workdir, changed_at=resumed if config_changed else None)
     first = int(state.step)
-    previous = _previous_results(run.workdir)
+    previous = previous_results(run.workdir)
     if first >= run.steps and previous.get("steps") == run.steps:  # finished: nothing to redo
         print(f"already finished: step {first} of {run.steps}; results in "
               f"{run.workdir / 'results.json'}")
@@ -208,10 +205,10 @@ def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False,
         progress.message(line)
     end = _loop(run, state, ckpt, progress, first, resumed)
     if end.stopped_at is not None:
-        return _stopped(run, ckpt, progress, end, resumed)
+        return stopped(run, ckpt, progress, end, resumed)
     # evaluations of the steps this run resumes after, from the run(s) before it
     history = [e for e in previous.get("evaluations", []) if e.get("step", 0) <= first]
-    return _results(run, ckpt, progress, end, resumed, history + end.evaluations)
+    return final_results(run, ckpt, progress, end, resumed, history + end.evaluations)
 
 
 def _resume_or_start(run: Run, state: TrainState, ckpt, resplit_data: bool = False
@@ -238,31 +235,8 @@ def _start_line(run: Run, resumed: int | None) -> str:
             f"workdir {run.workdir}")
 
 
-@dataclasses.dataclass
-class _Clock:
-    """Training time: from the end of the first (compiling) step, less the evaluations."""
-
-    train_start: float
-    eval_time: float = 0.0
-
-    def train_s(self, now: float) -> float:
-        return now - self.train_start - self.eval_time
-
-
-@dataclasses.dataclass
-class _LoopEnd:
-    """Where :func:`_loop` left the run."""
-
-    state: TrainState
-    metrics: dict  # the last step's
-    clock: _Clock
-    evaluations: list  # the periodic evaluations of this run
-    stopped_at: int | None = None  # the step after which a signal stopped it
-    cause: str = ""  # what stopped it
-
-
 def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
-          resumed: int | None) -> _LoopEnd:
+          resumed: int | None) -> LoopEnd:
     """Steps ``first + 1 .. steps``: train, log, checkpoint, evaluate every
     ``evaluation.every`` steps, stop (after a checkpoint) on a signal, and stop with a
     :class:`NonFiniteError` after ``max_skipped_in_a_row`` skipped updates.
@@ -279,7 +253,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
     step_fn = run.step_fn(state)
     window = MetricWindow()
     metrics, evaluations = {}, []
-    clock = _Clock(time.perf_counter())  # reset after the first step: excludes compilation
+    clock = Clock(time.perf_counter())  # reset after the first step: excludes compilation
     limit = config.max_skipped_in_a_row
     every = config.evaluation.every if config.evaluation.enabled else 0
     pending = None
@@ -325,7 +299,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
                 with _sync_point("stop"):
                     check_skipped_updates(*pending, limit)
                     checkpoints.save(ckpt, step, state, stream, force=True)
-                return _LoopEnd(state, metrics, clock, evaluations, step, stop.cause())
+                return LoopEnd(state, metrics, clock, evaluations, step, stop.cause())
             if step == run.steps or ckpt.should_save(step):  # due: asked once (host only)
                 with _sync_point("checkpoint"):
                     checkpoints.save(ckpt, step, state, stream, force=True,
@@ -333,11 +307,11 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
                                      else None)
             if every and step % every == 0 and step != run.steps:
                 with _sync_point("evaluation"):
-                    evaluations.append(_evaluate_at(run, state, step, progress, clock))
+                    evaluations.append(evaluate_at(run, state, step, progress, clock))
         if pending is not None:
             with _sync_point("guard"):
                 check_skipped_updates(*pending, limit, run_ended=True)
-    return _LoopEnd(state, metrics, clock, evaluations)
+    return LoopEnd(state, metrics, clock, evaluations)
 
 
 def _sync_point(what: str):
@@ -353,83 +327,3 @@ def _stop_timeout(config: ml_collections.ConfigDict) -> float:
     return float((config.get("launch") or {}).get("heartbeat_timeout_s") or 100)
 
 
-def _evaluate_at(run: Run, state: TrainState, step: int, progress: Progress,
-                 clock: _Clock) -> dict[str, Any]:
-    """A periodic evaluation of the frozen model (its time kept out of the training time)."""
-    eval_start = time.perf_counter()
-    evaluators = run.spec.evaluators
-    progress.message(f"evaluating at step {step}: {titles(evaluators, run.config)}...")
-    result = {"step": step, "wall_s": round(eval_start - run.start, 2),
-              "train_s": round(clock.train_s(eval_start), 2),
-              **evaluate(run.graphdef, state, run.config, run.mesh, evaluators)}
-    clock.eval_time += time.perf_counter() - eval_start
-    progress.restart_clock(step)  # examples/s counts training only
-    progress.scalars("eval", step, {k: v for k, v in result.items() if k != "step"})
-    progress.message(f"eval at step {step}: {summary_line(evaluators, result, run.config)}")
-    return result
-
-
-def _stopped(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | None
-             ) -> dict[str, Any]:
-    """A run stopped by a signal: its checkpoint written, what to do next said."""
-    ckpt.wait_until_finished()
-    ckpt.close()
-    progress.message(f"stopped by {end.cause} after step {end.stopped_at}: "
-                     f"checkpoint saved in {run.workdir / 'checkpoints'}; run the same command "
-                     "to resume")
-    progress.close()
-    return {"steps": run.steps, "stopped_at": end.stopped_at, "resumed_from": resumed}
-
-
-def _results(run: Run, ckpt, progress: Progress, end: _LoopEnd, resumed: int | None,
-             history: list) -> dict[str, Any]:
-    """The final evaluation and ``workdir/results.json`` of a finished run."""
-    config, state = run.config, end.state
-    try:
-        # SIGTERM as SIGINT: stop now, the training is saved. Installed before the wait for
-        # the last checkpoint and before the message, so no signal finds the default handler
-        # (which would kill the process without a word).
-        with interrupt_on_signal():
-            ckpt.wait_until_finished()
-            train_time = end.clock.train_s(time.perf_counter())
-            evaluators = run.spec.evaluators
-            if config.evaluation.enabled:
-                progress.message(f"final evaluation: {titles(evaluators, config)}...")
-            final = evaluate(run.graphdef, state, config, run.mesh, evaluators) \
-                if config.evaluation.enabled else {}
-    except Interrupted as stop:
-        ckpt.close()  # waits for the last checkpoint if the signal came during that wait
-        when = "during the final evaluation" if config.evaluation.enabled else "at the end"
-        progress.message(f"stopped by {stop.signal_name} {when}: the training is finished and "
-                         f"saved (checkpoint {run.steps} in {run.workdir / 'checkpoints'}); run "
-                         "the same command to evaluate it and write results.json")
-        progress.close()
-        return {"steps": run.steps, "stopped_at": run.steps, "resumed_from": resumed}
-    history.append({"step": run.steps, "wall_s": round(time.perf_counter() - run.start, 2),
-                    "train_s": round(train_time, 2), **final})
-    progress.scalars("eval", run.steps, {k: v for k, v in history[-1].items() if k != "step"})
-    results = {
-        "steps": run.steps,
-        "resumed_from": resumed,
-        "global_batch": run.batch_size,
-        "accumulation_steps": run.accumulation_steps,
-        "devices": int(run.mesh.devices.size),
-        "processes": jax.process_count(),
-        "train_time_s": round(train_time, 2),
-        "wall_time_s": round(time.perf_counter() - run.start, 2),
-        **final,
-        "final_train_metrics": {k: float(np.asarray(v)) for k, v in jax.device_get(
-            end.metrics).items()},
-        "evaluations": history,
-        "params_sha256": params_digest(state),
-        "provenance": provenance(),  # date, commit, versions, devices (run.provenance)
-    }
-    results.update(run.method.results(run.source, config))
-    if jax.process_index() == 0:
-        json_output.write_atomic(run.workdir / "results.json", results)
-    scores = summary_line(run.spec.evaluators, final, config)
-    progress.message(f"done in {results['wall_time_s']:.0f} s"
-                     f"{': ' + scores if scores else ''} -> {run.workdir / 'results.json'}")
-    progress.close()
-    ckpt.close()
-    return results
