@@ -52,14 +52,11 @@ GIB = 2**30
 def pod_template(variant: str, overrides: dict[str, object]):
     """``configs/clip_vit_b16_pod.py:<variant>`` as ``--config`` loads it, with ``overrides``
     (``{"model.dtype": "float32"}``) set as ``--config.KEY=VALUE`` would."""
-    import importlib.util
+    from compile_bench import pod_template as template
 
     from contrastive_jax.plan.search import with_overrides
 
-    spec = importlib.util.spec_from_file_location("pod", ROOT / "configs" / "clip_vit_b16_pod.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return with_overrides(module.get_config(variant or None), overrides)
+    return with_overrides(template(variant or None), overrides)
 
 
 def plan_fields(p) -> dict:

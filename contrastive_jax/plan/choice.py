@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from contrastive_jax.plan.search import divisors, paste, with_overrides
+from contrastive_jax.plan.search import paste, smallest_accumulation, with_overrides
 
 # model.remat values tried, in the order of what they recompute (least first)
 REMAT_CHOICES: tuple[object, ...] = (False, "dots_with_no_batch_dims_saveable", True)
@@ -93,43 +93,6 @@ def settings_grid(config, allow_patch_dropout: float | None,
             for combo in itertools.product(*axes)]
 
 
-def smallest_accumulation(config, per_device: int, budget: float,
-                          plan_at: Callable[[Any, int], Any]) -> tuple[int | None, Any]:
-    """The smallest divisor ``k`` of ``per_device`` at or above the config's own
-    ``accumulation_steps`` whose step needs at most ``budget`` bytes per chip
-    (``plan_at(config, k)``: one compile, a plan with ``total`` and ``temporaries``), and its
-    plan; ``(None, the last plan)`` when even one example per micro-batch does not fit.
-
-    As :func:`~contrastive_jax.plan.search.find_fit`: the first plan predicts the divisor
-    (temporaries proportional to the micro-batch), then the walk to the smallest that fits:
-    usually two or three compiles."""
-    k0 = int(config.get("accumulation_steps") or 1)
-    candidates = [k for k in divisors(per_device) if k >= k0]
-    plans: dict[int, Any] = {}
-
-    def fits(i: int) -> bool:
-        k = candidates[i]
-        if k not in plans:
-            plans[k] = plan_at(config, k)
-        return plans[k].total <= budget
-
-    if fits(0):
-        return candidates[0], plans[candidates[0]]
-    first = plans[candidates[0]]
-    fixed = first.total - first.temporaries
-    i = next((i for i, k in enumerate(candidates)
-              if i > 0 and fixed + first.temporaries * k0 / k <= budget), len(candidates) - 1)
-    if fits(i):
-        while i > 1 and fits(i - 1):
-            i -= 1
-        return candidates[i], plans[candidates[i]]
-    while i + 1 < len(candidates):
-        i += 1
-        if fits(i):
-            return candidates[i], plans[candidates[i]]
-    return None, plans[candidates[-1]]
-
-
 def settings_key(config) -> tuple:
     """What a candidate's memory depends on among the settings :func:`choose` varies: two
     configs with the same key compile to the same step."""
@@ -152,7 +115,7 @@ def choose(config, per_device: int, budget: float, flops_of: Callable[[Any], flo
     the best that fits are left uncompiled."""
     grid = settings_grid(config, allow_patch_dropout, devices)
     counted: dict[tuple, float | None] = {}
-    plans: dict[tuple, Any] = {} if known is None else {settings_key(config): known}
+    given = settings_key(config)
 
     def flops(settings: dict[str, object]) -> float | None:
         key = tuple(sorted((k, str(v)) for k, v in settings.items()
@@ -163,10 +126,9 @@ def choose(config, per_device: int, budget: float, flops_of: Callable[[Any], flo
 
     def plan_at(chosen, k: int):
         candidate = with_overrides(chosen, {"accumulation_steps": k})
-        key = settings_key(candidate)
-        if key not in plans:
-            plans[key] = plan_of(candidate)
-        return plans[key]
+        if known is not None and settings_key(candidate) == given:
+            return known
+        return plan_of(candidate)
 
     candidates = [Candidate(s, flops(s)) for s in grid]
     candidates.sort(key=Candidate.key)

@@ -87,6 +87,7 @@ from contrastive_jax.plan.report import (
     per_chip_flops,
     remat_check,
     report,
+    roofline_s,
     target_report,
     usable_bytes,
     uses_remat,
@@ -310,14 +311,8 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
     remat = (remat_check(chosen, mesh, budget, flops_mesh, compile_plan) if uses_remat(chosen)
              else None)
     print(target_report(result, name, target, found, speed, remat, others))
-    roofline = None
-    if result.cost is not None and target.generation is not None:
-        from contrastive_jax.accelerators import TPUS
-
-        gen = TPUS[target.generation]
-        roofline = result.cost.roofline_s(gen.peak_bf16, gen.hbm_bandwidth)
     return {"target": dataclasses.asdict(target), "usable_bytes": usable,
-            "roofline_s": roofline,
+            "roofline_s": roofline_s(result, target),
             "fits_target": fits,
             "remat": None if remat is None else dataclasses.asdict(remat),
             "search": None if found is None else {

@@ -272,9 +272,21 @@ def target_report(p: Plan, config_name: str, target: Target, search: Search | No
     return "\n".join(lines)
 
 
+def roofline_s(p: Plan, target: Target) -> float | None:
+    """The step's roofline time on a chip of ``target`` from the TPU compiler's cost analysis
+    (:meth:`~contrastive_jax.plan.tpu_compiler.Cost.roofline_s`): ``None`` without the
+    analysis, for a GPU target, or for a step with loops."""
+    from contrastive_jax.accelerators import TPUS
+
+    if p.cost is None or target.generation is None:
+        return None
+    gen = TPUS[target.generation]
+    return p.cost.roofline_s(gen.peak_bf16, gen.hbm_bandwidth)
+
+
 def roofline_lines(p: Plan, target: Target) -> list[str]:
     """The TPU compiler's cost analysis of the step, and a roofline time where it is sound
-    (a program without loops: :meth:`~contrastive_jax.plan.tpu_compiler.Cost.roofline_s`)."""
+    (a program without loops: :func:`roofline_s`)."""
     from contrastive_jax.accelerators import TPUS
 
     if p.cost is None or target.generation is None:
@@ -282,7 +294,7 @@ def roofline_lines(p: Plan, target: Target) -> list[str]:
     gen = TPUS[target.generation]
     lines = [f"  TPU compiler's cost analysis {p.cost.flops / 1e12:.2f} TFLOP, "
              f"{p.cost.bytes_accessed / 1e9:.2f} GB of HBM accessed per chip"]
-    roofline = p.cost.roofline_s(gen.peak_bf16, gen.hbm_bandwidth)
+    roofline = roofline_s(p, target)
     if roofline is None:
         lines.append("  (the step has loops: a scanned tower, accumulation or a tiled loss, "
                      "whose bodies the analysis counts once, so no step time from it; the time "
