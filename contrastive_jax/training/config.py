@@ -75,8 +75,8 @@ def base_config() -> ml_collections.ConfigDict:
     """
     return ml_collections.ConfigDict({
         "seed": 0,
-        # the method (contrastive_jax.training.methods): "simclr" | "moco" | "clip" | "siglip" |
-        # "mi_critic"; "" follows loss.name
+        # the method (contrastive_jax.training.methods): "simclr" | "moco" | "moco_v3" | "clip" |
+        # "siglip" | "mi_critic"; "" follows loss.name
         "method": "",
         "num_epochs": 100.0,
         "total_steps": 0,

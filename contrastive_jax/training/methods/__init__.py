@@ -1,9 +1,10 @@
 """Contrastive methods, one module each; :func:`method_for` picks the one a config runs.
 
-``config.method`` names it (``"simclr"``, ``"moco"``, ``"clip"``, ``"siglip"``,
+``config.method`` names it (``"simclr"``, ``"moco"``, ``"moco_v3"``, ``"clip"``, ``"siglip"``,
 ``"mi_critic"``); left empty, it follows ``config.loss.name`` (``nt_xent`` -> SimCLR, ``moco``,
-``clip``, ``siglip``). Each method owns its loss call, its settings (MoCo's ``config.moco``
-block), its extra state and its hooks (:class:`~contrastive_jax.training.methods.base.Method`).
+``moco_v3``, ``clip``, ``siglip``). Each method owns its loss call, its settings (MoCo's
+``config.moco`` block, MoCo v3's ``config.moco_v3``), its extra state and its hooks
+(:class:`~contrastive_jax.training.methods.base.Method`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from contrastive_jax.training.methods.base import (
 )
 from contrastive_jax.training.methods.clip_siglip import CLIP, SigLIP
 from contrastive_jax.training.methods.mi_critic import MICritic
+from contrastive_jax.training.methods.moco_v3 import MoCoV3, MoCoV3Settings
 from contrastive_jax.training.methods.momentum_contrast import MoCo, MoCoSettings
 from contrastive_jax.training.methods.simclr import SimCLR
 
-METHODS = {"simclr": SimCLR, "moco": MoCo, "clip": CLIP, "siglip": SigLIP, "mi_critic": MICritic}
-BY_LOSS = {"nt_xent": "simclr", "moco": "moco", "clip": "clip", "siglip": "siglip"}
+METHODS = {"simclr": SimCLR, "moco": MoCo, "moco_v3": MoCoV3, "clip": CLIP, "siglip": SigLIP,
+           "mi_critic": MICritic}
+BY_LOSS = {"nt_xent": "simclr", "moco": "moco", "moco_v3": "moco_v3", "clip": "clip",
+           "siglip": "siglip"}
 
 
 def method_for(config) -> Method:
@@ -41,4 +45,5 @@ def method_for(config) -> Method:
 
 
 __all__ = ["BY_LOSS", "CLIP", "METHODS", "LossSettings", "MICritic", "Method", "MethodContext",
-           "MoCo", "MoCoSettings", "SigLIP", "SimCLR", "method_for", "temperature_of"]
+           "MoCo", "MoCoSettings", "MoCoV3", "MoCoV3Settings", "SigLIP", "SimCLR", "method_for",
+           "temperature_of"]

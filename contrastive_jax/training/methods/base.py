@@ -2,8 +2,9 @@
 
 The ``loss`` block of a config (:class:`LossSettings`)::
 
-    name         "nt_xent" (SimCLR) | "moco" | "clip" | "siglip"
-    temperature  fixed tau for nt_xent and moco (a learnable one: model.learn_temperature)
+    name         "nt_xent" (SimCLR) | "moco" | "moco_v3" | "clip" | "siglip"
+    temperature  fixed tau for nt_xent, moco and moco_v3 (a learnable one:
+                 model.learn_temperature; not moco_v3's)
     impl         single-device loss: "tiled" | "dense_vjp" | "autodiff" (see clip_loss / nt_xent;
                  "analytic", the old name of "dense_vjp", is a deprecated alias)
     strategy     "" (the single-device loss on the global arrays, partitioned by XLA) or a
@@ -55,7 +56,7 @@ from contrastive_jax.losses.sharded import (
 )
 from contrastive_jax.losses.siglip import siglip_loss
 
-LOSSES = ("nt_xent", "moco", "clip", "siglip")
+LOSSES = ("nt_xent", "moco", "moco_v3", "clip", "siglip")
 IMPLS = ("tiled", "dense_vjp", "autodiff")
 
 

@@ -4,7 +4,10 @@ dual encoder.
 :func:`build_model` makes the model a config's ``model`` block describes::
 
     model.name = "projected_encoder"     encoder + projection head (SimCLR; MoCo's query
-                                         encoder, whose key copy and queue are the method's)
+                                         encoder, whose key copy and queue are the method's);
+                                         model.predictor = {"hidden", "out", "layers",
+                                         "out_batch_norm", ...}: a second head on the
+                                         projection (MoCo v3's, methods/moco_v3.py)
                  "dual_encoder"          sample tower + text tower + logit scale (CLIP, SigLIP)
     model.encoder / sample_encoder / text_encoder = {"name": one of ENCODERS, **its kwargs}
     model.dtype        "float32" (default) | "bfloat16": the compute dtype of every encoder and
@@ -84,8 +87,8 @@ WRITTEN_TOWER_DEFAULTS = {"vit": {"patch_dropout": 0.0}}
 # the towers of each model, as model.remat names them per tower
 TOWERS = {"projected_encoder": ("encoder",), "dual_encoder": ("sample_encoder", "text_encoder")}
 MODEL_KEYS = {
-    "projected_encoder": {"name", "encoder", "head", "learn_temperature", "init_temperature",
-                          *MODEL_WIDE},
+    "projected_encoder": {"name", "encoder", "head", "predictor", "learn_temperature",
+                          "init_temperature", *MODEL_WIDE},
     "dual_encoder": {"name", "sample_encoder", "text_encoder", "embed_dim", "init_temperature",
                      "siglip", "init_bias", "sample_projection", "text_projection",
                      *MODEL_WIDE},
@@ -237,14 +240,12 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     if name != "dual_encoder":
         encoder = build_encoder(config["encoder"], rngs, dtype=dtype,
                                 remat_policy=policies["encoder"], attention=attention)
-        head = dict(config.get("head", {}))
-        if "dtype" in head:
-            raise ConfigError("model.head: 'dtype' is a setting of the whole model; remove it "
-                              "from the head and set model.dtype")
-        head = ProjectionHead(encoder.features, head.pop("hidden", 256), head.pop("out", 128),
-                              dtype=dtype, rngs=rngs, **head)
+        head = _head("head", encoder.features, config.get("head", {}), dtype, rngs)
         options = {k: config[k] for k in ("learn_temperature", "init_temperature")
                    if k in config}
+        if config.get("predictor"):  # MoCo v3's (methods/moco_v3.py), on the head's output
+            options["predictor"] = _head("predictor", head.out_features, config["predictor"],
+                                         dtype, rngs)
         return ProjectedEncoder(encoder, head, **options)
     sample = build_encoder(config["sample_encoder"], rngs, dtype=dtype,
                            remat_policy=policies["sample_encoder"], attention=attention)
@@ -253,6 +254,22 @@ def build_model(config: Mapping[str, Any], rngs: nnx.Rngs) -> nnx.Module:
     options = {k: config[k] for k in ("embed_dim", "init_temperature", "siglip", "init_bias",
                                       "sample_projection", "text_projection") if k in config}
     return DualEncoder(sample, text, dtype=dtype, rngs=rngs, **options)
+
+
+def _head(key: str, in_features: int, settings: Mapping[str, Any], dtype,
+          rngs: nnx.Rngs) -> ProjectionHead:
+    """The :class:`ProjectionHead` of ``model.<key>`` (``head`` or ``predictor``) on
+    ``in_features``: ``hidden`` (256), ``out`` (128) and the head's keyword arguments."""
+    settings = dict(settings)
+    if "dtype" in settings:
+        raise ConfigError(f"model.{key}: 'dtype' is a setting of the whole model; remove it "
+                          f"from the {key} and set model.dtype")
+    valid = sorted({"hidden", "out", "layers", "batch_norm", "out_batch_norm"})
+    unknown = sorted(set(settings) - set(valid))
+    if unknown:
+        raise ConfigError(f"model.{key}: unknown settings {unknown}; valid: {valid}")
+    hidden, out = settings.pop("hidden", 256), settings.pop("out", 128)
+    return ProjectionHead(in_features, hidden, out, dtype=dtype, rngs=rngs, **settings)
 
 
 def unwritten_setting_hint(model: Mapping[str, Any], keys: Sequence[str]) -> str:
@@ -325,7 +342,7 @@ def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
         config = {**_defaults(DualEncoder), **config}
         towers = ("sample_encoder", "text_encoder")
     elif name == "projected_encoder":
-        config = {**_defaults(ProjectedEncoder), **config}
+        config = {**_defaults(ProjectedEncoder, skip=("predictor",)), **config}
         towers = ("encoder",)
     else:
         return config

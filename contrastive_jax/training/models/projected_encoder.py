@@ -1,8 +1,9 @@
 """An encoder f followed by a projection head g: SimCLR's and MoCo's model ([SimCLR] §2.1;
-docs/derivations.md §9.1).
+docs/derivations.md §9.1); with a predictor, MoCo v3's query encoder ([MoCoV3] §3).
 
-The methods :class:`contrastive_jax.training.methods.simclr.SimCLR` and
-:class:`contrastive_jax.training.methods.momentum_contrast.MoCo` train it
+The methods :class:`contrastive_jax.training.methods.simclr.SimCLR`,
+:class:`contrastive_jax.training.methods.momentum_contrast.MoCo` and
+:class:`contrastive_jax.training.methods.moco_v3.MoCoV3` train it
 (``model.name = "projected_encoder"``); the module itself knows nothing of the objective.
 """
 
@@ -29,13 +30,18 @@ class ProjectedEncoder(nnx.Module):
     encoder is a copy of the parameters kept in the train state
     (:mod:`contrastive_jax.training.methods.momentum_contrast`). ``z`` and ``h`` leave the
     module in float32 (or float64) whatever the compute dtype (:func:`.precision.up_to_float32`).
+
+    ``predictor`` (``model.predictor``; ``None`` by default): a second head ``p`` on ``z`` that
+    ``__call__`` does not run; :meth:`predict` does. MoCo v3's queries are ``p(g(f(x)))`` and its
+    momentum keys ``g(f(x))`` ([MoCoV3] Algorithm 1;
+    :mod:`contrastive_jax.training.methods.moco_v3`).
     """
 
     def __init__(self, encoder: nnx.Module, head: nnx.Module, *, learn_temperature: bool = False,
-                 init_temperature: float = 0.1):
+                 init_temperature: float = 0.1, predictor: nnx.Module | None = None):
         if init_temperature <= 0:
             raise ConfigError(f"init_temperature must be > 0; got {init_temperature}")
-        self.encoder, self.head = encoder, head
+        self.encoder, self.head, self.predictor = encoder, head, predictor
         # optional learnable log-scale s = 1 / tau (clipped at 100 by the objective,
         # docs/derivations.md §7.6)
         self.log_scale = nnx.Param(jnp.asarray(-math.log(init_temperature), jnp.float32)
@@ -47,6 +53,15 @@ class ProjectedEncoder(nnx.Module):
         ``dropout_keys (B,)``: one key per example for encoders with dropout."""
         h = apply_encoder(self.encoder, x, train, dropout_keys)
         return up_to_float32(self.head(h, train=train)), up_to_float32(h)
+
+    def predict(self, z: jax.Array, *, train: bool) -> jax.Array:
+        """The predictor's output ``p(z)`` ``(B, predictor.out_features)``, float32; a
+        :class:`ConfigError` for a model built without ``model.predictor``."""
+        if self.predictor is None:
+            raise ConfigError("this projected encoder has no predictor: set model.predictor "
+                              "(e.g. {'hidden': 4096, 'out': 256, 'layers': 2, "
+                              "'out_batch_norm': True})")
+        return up_to_float32(self.predictor(z, train=train))
 
     def representations(self, x: jax.Array) -> jax.Array:
         """Representations ``h = f(x)`` ``(B, encoder.features)`` in inference mode (no

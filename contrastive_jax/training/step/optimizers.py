@@ -102,8 +102,10 @@ def build_optimizer(config: Mapping[str, Any], total_steps: int, params,
 
 
 def _label(path, frozen: Sequence[str]) -> str:
-    """``"frozen"`` under a frozen top-level entry, else ``"temperature"`` or ``"main"``."""
-    if path_keys(path)[:1] and path_keys(path)[0] in frozen:
+    """``"frozen"`` under a frozen entry (a top-level name or a ``/``-separated path such as
+    ``"encoder/embed"``), else ``"temperature"`` or ``"main"``."""
+    keys = tuple(str(k) for k in path_keys(path))
+    if any(keys[:len(p)] == p for p in (tuple(name.split("/")) for name in frozen)):
         return "frozen"
     return "temperature" if is_temperature(path) else "main"
 
