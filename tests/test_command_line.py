@@ -169,7 +169,7 @@ def test_bad_values_missing_flags_and_stray_arguments_exit_2_with_one_line(capsy
          "error: unexpected arguments ['stray']: python -m contrastive_jax.training.models."
          "converters.clip_import takes flags only (`--help` lists them)"),
         (prepare_main, ["--mock", "imagenet"], "error: no mock of 'imagenet'; mocks: "
-                                               "['coco_captions']"),
+                                               "['coco_captions', 'imagenet2012']"),
         (demo.main, ["--jax_log_compiles=maybe"],
          "error: flag --jax_log_compiles=maybe: ('Non-boolean argument to boolean flag', "
          "'maybe')"),

@@ -15,6 +15,7 @@ import pytest
 import tensorflow_datasets as tfds
 from test_benchmark_metrics import reference_caption_recall, reference_classification
 from test_clip_import import EXACT, HEADS
+from test_imagenet_evaluation import reference_knn_votes
 
 from contrastive_jax import evaluate
 from contrastive_jax.pretrained import load_pretrained
@@ -132,10 +133,12 @@ def unit(x):
 def test_every_task_kind_through_the_command_equals_the_reference(setting, capsys):
     root = setting
     out = root / "out"
-    tasks = "zeroshot/mock_shapes,linear/mock_shapes,fewshot/mock_shapes,retrieval/mock_captions"
+    tasks = ("zeroshot/mock_shapes,linear/mock_shapes,fewshot/mock_shapes,knn/mock_shapes,"
+             "retrieval/mock_captions")
     status = evaluate.main([f"--model={root / 'model'}", f"--tasks={tasks}",
                             f"--data_dir={root / 'data'}", f"--output={out}", "--split=test",
-                            f"--class_names={root / 'names.json'}", f"--batch_size={BATCH}"])
+                            f"--class_names={root / 'names.json'}", f"--batch_size={BATCH}",
+                            "--knn_k=5", "--knn_temperature=0.5"])
     printed, progress = capsys.readouterr()
     assert status == 0, progress
     record = json.loads((out / "results.json").read_text())
@@ -170,6 +173,13 @@ def test_every_task_kind_through_the_command_equals_the_reference(setting, capsy
     assert fewshot == pytest.approx(fewshot_probe(train_x, train_y, test_x, labels,
                                                   num_classes=3), abs=1e-9)
     assert set(fewshot) >= {"1shot", "5shot", "10shot", "25shot", "10shot_seed2"}
+    # kNN: the slow float64 vote of the 5 nearest training images, T = 0.5 (the flags)
+    knn = record["tasks"]["knn/mock_shapes"]
+    want, _ = reference_classification(
+        reference_knn_votes(train_x, train_y, test_x, 5, 0.5, 3), labels, (1, 5))
+    assert knn["metrics"] == pytest.approx(want, abs=1e-12)
+    assert (knn["k"], knn["temperature"], knn["train_examples"]) == (5, 0.5, 30)
+    assert record["command"]["knn_k"] == 5 and knn["train_split"] == "train"
     # retrieval: every caption of an image is its match
     images, examples, _, _ = reference_features(root, "mock_captions", "test")
     captions = [[c.decode() for c in e["captions"]["text"]] for e in examples]

@@ -7,7 +7,10 @@ SOURCE is anything ``load_pretrained`` takes: a converted directory, a trainer w
 latest usable checkpoint, or ``--step``), a big_vision SigLIP ``.npz`` (``--tokenizer`` its
 ``spiece.model``), an open_clip hub directory, cache or model name (``--pretrained`` a release
 tag). The model's own evaluation resize, mean and std and its own tokenizer (context length,
-padding, lowercasing or SigLIP's canonicalisation) prepare every image and text.
+padding, lowercasing or SigLIP's canonicalisation) prepare every image and text. A SimCLR or
+MoCo workdir (``projected_encoder``) is evaluated on its encoder's representations ``h``, the
+projection head dropped, with the run's evaluation crop and pixels
+(:mod:`contrastive_jax.evaluate.encoder_model`); it has no text tower.
 
 Tasks (the datasets' splits and keys: ``contrastive_jax/training/evaluation/task_table.json``;
 class names and templates: ``class_names.json``; docs/evaluation.md):
@@ -18,7 +21,10 @@ class names and templates: ``class_names.json``; docs/evaluation.md):
   counted, and their means (``mean_r1``);
 - ``linear/D``: logistic regression on frozen image embeddings, the L2 strength chosen on a
   held-out fifth of the training split; acc1, acc5, mean_per_class_recall;
-- ``fewshot/D``: big_vision's closed-form probe at 1/5/10/25 shots, 3 seeds, l2 = 2^10.
+- ``fewshot/D``: big_vision's closed-form probe at 1/5/10/25 shots, 3 seeds, l2 = 2^10;
+- ``knn/D``: weighted k-NN on L2-normalised image features, the votes ``sum exp(cos / T)`` of the
+  ``--knn_k`` (20) nearest training images per class, ``T = --knn_temperature`` (0.07), as DINO
+  reports it; acc1, acc5, mean_per_class_recall.
 
 Datasets are TFDS datasets prepared in ``--data_dir`` (local or ``gs://``; nothing is
 downloaded). Another TFDS dataset than the table's: ``--split`` (its test split) and the keys
@@ -61,7 +67,7 @@ _MODEL = flags.DEFINE_string("model", None, "the model: a converted directory, a
                              "workdir, a big_vision .npz, an open_clip directory or name",
                              flag_values=FLAGS)
 _TASKS = flags.DEFINE_list("tasks", None, "KIND/DATASET,... (kinds: zeroshot, retrieval, "
-                           "linear, fewshot)", flag_values=FLAGS)
+                           "linear, fewshot, knn)", flag_values=FLAGS)
 _OUTPUT = flags.DEFINE_string("output", None, "directory for results.json, .csv, .md",
                               flag_values=FLAGS)
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "where the TFDS datasets are prepared "
@@ -88,6 +94,10 @@ _LABEL_KEY = flags.DEFINE_string("label_key", None, "the label feature (default:
 _CAPTION_KEY = flags.DEFINE_string("caption_key", None, "the captions (a/b: field b of the "
                                    "sequence a; default: the table's, else captions/text)",
                                    flag_values=FLAGS)
+_KNN_K = flags.DEFINE_integer("knn_k", 20, "knn tasks: the neighbours that vote",
+                              flag_values=FLAGS)
+_KNN_TEMPERATURE = flags.DEFINE_float("knn_temperature", 0.07, "knn tasks: the vote "
+                                      "temperature T (weights exp(cos / T))", flag_values=FLAGS)
 _CLASS_NAMES = flags.DEFINE_string("class_names", None, "a JSON file of class names and "
                                    "templates per dataset, replacing the shipped ones",
                                    flag_values=FLAGS)
@@ -149,7 +159,8 @@ def _evaluate(positional: list[str]) -> None:
     tasks = resolve_tasks(_TASKS.value, class_names_file=_CLASS_NAMES.value, overrides={
         "test_split": _SPLIT.value, "train_split": _TRAIN_SPLIT.value,
         "image_key": _IMAGE_KEY.value, "label_key": _LABEL_KEY.value,
-        "caption_key": _CAPTION_KEY.value})
+        "caption_key": _CAPTION_KEY.value}, knn_k=_KNN_K.value,
+        knn_temperature=_KNN_TEMPERATURE.value)
     with output_folder(_OUTPUT.value) as output:  # checked and locked before any work
         _run_tasks(tasks, str(output))
 
@@ -157,7 +168,8 @@ def _evaluate(positional: list[str]) -> None:
 def _read_model(text_tasks: list[str]):
     """``(source, model, preprocess, tokenizer)`` of ``--model``: the source read once
     (:func:`~contrastive_jax.pretrained.read_source`), each checkpoint of a workdir passed over
-    said on stderr, then ``load_pretrained``'s three."""
+    said on stderr, then ``load_pretrained``'s three; ``(source, None, None, None)`` for a
+    projected encoder's workdir (:mod:`~contrastive_jax.evaluate.encoder_model`)."""
     from contrastive_jax.pretrained import load_pretrained, read_source, with_weights
 
     choice: Any = _TOKENIZER.value if _TOKENIZER.value else (None if text_tasks else False)
@@ -166,6 +178,10 @@ def _read_model(text_tasks: list[str]):
     for why in source.skipped:
         print(f"warning: {_MODEL.value}: {why}; evaluating step {source.step}, the newest "
               "usable checkpoint", file=sys.stderr, flush=True)
+    from contrastive_jax.evaluate.encoder_model import ENCODER_MODELS
+
+    if source.kind == "workdir" and source.model.get("name") in ENCODER_MODELS:
+        return source, None, None, None
     try:
         model, preprocess, tokenizer = load_pretrained(source, tokenizer=choice,
                                                        dtype=_DTYPE.value)
@@ -192,8 +208,18 @@ def _run_tasks(tasks: list, output: str) -> None:
     text_tasks = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
     source, model, preprocess, tokenizer = _read_model(text_tasks)
     description = _MODEL.value + (f" (step {source.step})" if source.step is not None else "")
-    task_model = pretrained_task_model(model, preprocess, tokenizer,
-                                       batch_size=_BATCH_SIZE.value, description=description)
+    if model is None:  # a SimCLR / MoCo workdir: the encoder's representations
+        from contrastive_jax.evaluate.encoder_model import encoder_task_model
+
+        task_model, pixels = encoder_task_model(source, batch_size=_BATCH_SIZE.value,
+                                                dtype=_DTYPE.value, description=description)
+    else:
+        task_model = pretrained_task_model(model, preprocess, tokenizer,
+                                           batch_size=_BATCH_SIZE.value,
+                                           description=description)
+        pixels = {"image_size": preprocess.image_size, "mean": list(preprocess.mean),
+                  "std": list(preprocess.std), "interpolation": preprocess.interpolation,
+                  "resize_mode": preprocess.resize_mode}
     record: dict[str, Any] = {
         "model": description,
         "source": {"kind": source.kind, "location": source.location, "step": source.step,
@@ -201,10 +227,8 @@ def _run_tasks(tasks: list, output: str) -> None:
         "command": {name: FLAGS[name].value for name in (
             "model", "tasks", "data_dir", "step", "pretrained", "tokenizer", "batch_size",
             "dtype", "split", "train_split", "image_key", "label_key", "caption_key",
-            "class_names")},
-        "preprocess": {"image_size": preprocess.image_size, "mean": list(preprocess.mean),
-                       "std": list(preprocess.std), "interpolation": preprocess.interpolation,
-                       "resize_mode": preprocess.resize_mode},
+            "class_names", "knn_k", "knn_temperature")},
+        "preprocess": pixels,
         "provenance": provenance(), "tasks": {}}
     cache: dict = {}
     failed = []
@@ -223,7 +247,7 @@ def _run_tasks(tasks: list, output: str) -> None:
         else:
             entry.update(status="ok", main_metric=task.main_metric, **result,
                          seconds=round(time.perf_counter() - start, 2))
-            if task.kind in ("linear", "fewshot"):
+            if task.kind in ("linear", "fewshot", "knn"):
                 entry["train_split"] = task.train_split
             print(f"{task.name}: {task.main_metric} "
                   f"{result['metrics'][task.main_metric]:.4f}", flush=True)

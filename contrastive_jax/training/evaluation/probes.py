@@ -3,16 +3,18 @@ integer labels.
 
 - :func:`linear_probe`: multinomial logistic regression on standardised features, fitted by
   L-BFGS (optax) to convergence; the L2 strength is picked on a held-out part of the training
-  features, then the probe is refitted on all of them (the linear evaluation protocol of
-  [SimCLR], docs/references.md).
+  features, then the probe is refitted on all of them (CLIP's linear-probe protocol, [CLIP]
+  §3.2 and App. A.3, docs/references.md; not [SimCLR]'s SGD on augmented crops,
+  docs/evaluation.md "Linear probe");
 - :func:`fewshot_probe`: big_vision's closed-form few-shot probe (ridge regression to +-1
   targets on 1/5/10/25 examples per class, 3 seeds);
-- :func:`knn_accuracy`: cosine kNN with votes weighted by ``exp(sim / T)`` (Wu et al. 2018, the
-  usual self-supervised kNN monitor).
+- :func:`knn_votes` / :func:`knn_accuracy`: cosine kNN with votes weighted by ``exp(sim / T)``
+  ([InstDisc], the usual self-supervised kNN monitor; k = 20, T = 0.07 as [DINO] reports it).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -22,6 +24,7 @@ import optax
 
 from contrastive_jax.errors import InputError
 from contrastive_jax.training.evaluation.geometry import unit_rows
+from contrastive_jax.training.evaluation.task_table import KNN_K, KNN_TEMPERATURE
 
 L2_GRID = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2)
 
@@ -177,21 +180,62 @@ def _with_bias(x: np.ndarray) -> np.ndarray:
     return np.concatenate([x, np.full((len(x), 1), FEWSHOT_BIAS)], axis=1)
 
 
-def knn_accuracy(train_x, train_y, test_x, test_y, *, k: int = 20, temperature: float = 0.07,
-                 num_classes: int | None = None, chunk: int = 1024) -> float:
-    """Weighted cosine kNN: each test row votes ``sum_{j in top-k} exp(sim_j / T) [y_j = c]``."""
+KNN_SCORE_BUDGET = 2 ** 27  # similarities per device call (512 MiB of float32)
+
+
+def knn_votes(train_x, train_y, test_x, *, k: int = KNN_K, temperature: float = KNN_TEMPERATURE,
+              num_classes: int | None = None, chunk: int | None = None) -> np.ndarray:
+    """Weighted cosine kNN scores ``(n_test, C)`` float32: test row ``i`` gives class ``c``
+    ``v_ic = sum_{j in top-k(i)} exp((s_ij - m_i) / T) [y_j = c]``, with
+    ``s_ij = <x_i, t_j> / (|x_i| |t_j|)`` and ``m_i = max_j s_ij``.
+
+    train_x (n, d), train_y (n,) ints, test_x (m, d); ``top-k(i)``: the ``min(k, n)`` training
+    rows of highest ``s_ij`` (``jax.lax.top_k``; of equal similarities the lower index first).
+    ``C = num_classes`` (default ``max(train_y) + 1``). The vote of [InstDisc] and [DINO]
+    (``sum exp(s / T)``; k = 20, T = 0.07 by default, as [DINO] reports), docs/derivations.md
+    §17.2, scaled per row by ``exp(-m_i / T)``: the nearest neighbour weighs 1, no row's ranking
+    of the classes changes, and the votes stay finite for any ``T > 0`` (``exp(1 / T)``
+    overflows float32 below ``T = 0.0113``).
+
+    Memory: the device holds the unit training rows, their labels as integers, and the
+    similarities of ``chunk`` test rows to all of them (default: as many rows as keep those
+    within :data:`KNN_SCORE_BUDGET`, at most 1,024; ImageNet's 1.28 million training images:
+    104 test rows a call, [DINO]'s 100) plus ``chunk x k x C`` one-hot votes.
+    """
     if k < 1 or temperature <= 0:
         raise InputError(f"need k >= 1 and temperature > 0; got k={k}, T={temperature}")
+    train_x, test_x = np.asarray(train_x, np.float32), np.asarray(test_x, np.float32)
+    train_y = np.asarray(train_y)
+    if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1] or \
+            train_y.shape != (len(train_x),) or not len(train_x):
+        raise InputError(f"need train (n, d) with n >= 1 labels and test (m, d); got "
+                         f"{train_x.shape}, {train_y.shape}, {test_x.shape}")
+    classes = int(num_classes or train_y.max() + 1)
+    chunk = chunk or min(1024, max(1, KNN_SCORE_BUDGET // len(train_x)))
+    train_n, test_n = jnp.asarray(unit_rows(train_x)), unit_rows(test_x)
+    labels = jnp.asarray(train_y, jnp.int32)
+    k = min(k, len(train_x))
+    out = [np.asarray(_knn_chunk(jnp.asarray(test_n[start:start + chunk]), train_n, labels, k,
+                                 classes, jnp.float32(temperature)))
+           for start in range(0, len(test_n), chunk)]
+    return np.concatenate(out) if out else np.zeros((0, classes), np.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _knn_chunk(test, train, labels, k: int, classes: int, temperature):
+    top, idx = jax.lax.top_k(test @ train.T, k)
+    weights = jnp.exp((top - top[:, :1]) / temperature)
+    return jnp.einsum("nk,nkc->nc", weights, jax.nn.one_hot(labels[idx], classes,
+                                                             dtype=weights.dtype))
+
+
+def knn_accuracy(train_x, train_y, test_x, test_y, *, k: int = KNN_K,
+                 temperature: float = KNN_TEMPERATURE, num_classes: int | None = None,
+                 chunk: int | None = None) -> float:
+    """Top-1 accuracy of :func:`knn_votes` (the predicted class: the first of the highest
+    votes)."""
     train_y, test_y = np.asarray(train_y), np.asarray(test_y)
     classes = int(num_classes or max(train_y.max(), test_y.max()) + 1)
-    train_n = unit_rows(np.asarray(train_x, np.float32))
-    test_n = unit_rows(np.asarray(test_x, np.float32))
-    k = min(k, len(train_n))
-    labels = jax.nn.one_hot(train_y, classes)
-    correct = 0
-    for start in range(0, len(test_n), chunk):
-        sims = jnp.asarray(test_n[start:start + chunk]) @ jnp.asarray(train_n).T
-        top, idx = jax.lax.top_k(sims, k)
-        votes = jnp.einsum("nk,nkc->nc", jnp.exp(top / temperature), labels[idx])
-        correct += int(np.sum(np.argmax(np.asarray(votes), 1) == test_y[start:start + chunk]))
-    return correct / len(test_n)
+    votes = knn_votes(train_x, train_y, test_x, k=k, temperature=temperature,
+                      num_classes=classes, chunk=chunk)
+    return float(np.mean(np.argmax(votes, 1) == test_y))

@@ -43,7 +43,11 @@ from contrastive_jax.training.augmentations.pixels import (
     unit_range,
 )
 from contrastive_jax.training.data import eval_dataset, eval_iterator, open_split
-from contrastive_jax.training.data.example_preprocessing import standard_preprocess
+from contrastive_jax.training.data.example_preprocessing import (
+    decodes_images,
+    evaluation_resize,
+    standard_preprocess,
+)
 from contrastive_jax.training.data.image_crops import evaluation_image
 from contrastive_jax.training.data.text import captions
 from contrastive_jax.training.data.text import prompt_templates as prompts_of
@@ -220,14 +224,15 @@ def zero_shot_samples(graphdef, state, config, mesh, source, input_key: str,
                       label_key: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Sample-tower embeddings ``(n, d)`` and labels ``(n,)`` of every example of ``source``
     (one padded pass, every process's rows gathered). Inputs as in evaluation: with the
-    ``image_text`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) becomes
+    ``image_text`` or ``image`` preprocessing, the image (encoded bytes or (H, W, 3) uint8) becomes
     ``data.preprocess.image_size`` uint8 by its ``resize`` and ``resize_mode`` (centre crop or
     squash, decoded in full), and
     normalised on the device (``data.preprocess.mean`` / ``std``); otherwise the standard
     preprocessing (uint8 images to [0, 1])."""
     pre = config.data.get("preprocess", {})
-    size = pre.get("image_size", 224) if pre.get("name", "standard") == "image_text" else None
-    crop = functools.partial(evaluation_image, size=size, resize=pre.get("resize", "bicubic"),
+    size = pre.get("image_size", 224) if decodes_images(pre) else None
+    crop = functools.partial(evaluation_image, size=size,
+                             resize=evaluation_resize(pre) if size else "bicubic",
                              resize_mode=pre.get("resize_mode", "shortest"),
                              reduced_decode=False)  # in full, as open_clip's evaluation
     standard = standard_preprocess((input_key, label_key))
@@ -270,9 +275,9 @@ def class_name_zero_shot(graphdef, state, config, mesh) -> dict[str, float]:
     """
     zs = _zero_shot_settings(config)
     templates = prompts_of.resolve_templates(zs["templates"])
-    image_text = config.data.get("preprocess", {}).get("name", "standard") == "image_text"
+    decoded = decodes_images(config.data.get("preprocess"))
     source = open_split(zs["dataset"], zs["split"], config.data.data_dir or None,
-                        encoded_images=(zs["input_key"],) if image_text else ())
+                        encoded_images=(zs["input_key"],) if decoded else ())
     names = prompts_of.resolve_class_names(
         zs["class_names"],
         label_names=lambda: prompts_of.tfds_label_names(source.dataset_info, zs["label_key"]))

@@ -3,7 +3,9 @@ its features computed in batches, then the metrics of its kind (docs/evaluation.
 
 A model enters as a :class:`TaskModel`: the evaluation crop of one image, a batched image
 embedder and a text embedder. The evaluation command builds one from ``load_pretrained``
-(the source's own preprocessing and tokenizer); a training run from its state and config.
+(the source's own preprocessing and tokenizer), or for a SimCLR / MoCo workdir from its
+encoder's representations (:mod:`contrastive_jax.evaluate.encoder_model`); a training run from
+its state and config.
 
 Memory: features come back to the host batch by batch (the device holds one batch); retrieval
 scores are reduced in chunks on the device
@@ -26,7 +28,11 @@ from contrastive_jax.training.data import eval_dataset, open_split
 from contrastive_jax.training.data.example_preprocessing import standard_preprocess
 from contrastive_jax.training.data.text.prompt_templates import prompt_texts
 from contrastive_jax.training.evaluation.classification_metrics import classification_metrics
-from contrastive_jax.training.evaluation.probes import fewshot_probe, linear_probe_logits
+from contrastive_jax.training.evaluation.probes import (
+    fewshot_probe,
+    knn_votes,
+    linear_probe_logits,
+)
 from contrastive_jax.training.evaluation.retrieval import caption_retrieval_recall
 from contrastive_jax.training.evaluation.task_table import Task
 from contrastive_jax.training.evaluation.zero_shot import zero_shot_weights
@@ -94,14 +100,15 @@ def run_task(task: Task, model: TaskModel, *, data_dir: str | None,
              cache: dict | None = None, stream: TextIO | None = None) -> dict[str, Any]:
     """``{"metrics": {...}, "examples": n, ...}`` of ``task`` on ``model`` (docs/evaluation.md).
 
-    ``cache``: features of a (dataset, split) already computed in this run (a linear and a
-    few-shot task on one dataset read it once). ConfigError for a split or key the dataset
-    lacks, class names of the wrong count, a text task on a model without a text tower.
+    ``cache``: features of a (dataset, split) already computed in this run (a linear, a
+    few-shot and a kNN task on one dataset read it once). ConfigError for a split or key the
+    dataset lacks, class names of the wrong count, a text task on a model without a text
+    tower.
     """
     cache = {} if cache is None else cache
     if task.kind in ("zeroshot", "retrieval") and model.embed_texts is None:
-        raise ConfigError(f"{task.name} needs a text tower, and {model.description} has none; "
-                          "evaluate it with linear/ or fewshot/ tasks")
+        raise ConfigError(f"{task.name}: the task needs a text tower, and {model.description} "
+                          "has none; evaluate it with linear/, fewshot/ or knn/ tasks")
     if task.kind == "retrieval":
         return _retrieval(task, model, data_dir, stream)
     test = _split_features(task, task.test_split, model, data_dir, cache, stream)
@@ -126,6 +133,13 @@ def run_task(task: Task, model: TaskModel, *, data_dir: str | None,
         return {"metrics": metrics, "examples": len(logits),
                 "train_examples": len(train["label"]), "classes": classes,
                 "holdout_accuracy": {str(k): v for k, v in held.items()}}
+    if task.kind == "knn":  # the votes as class scores: acc1, acc5, mean per-class recall
+        votes = knn_votes(train["features"], train["label"], test["features"], k=task.knn_k,
+                          temperature=task.knn_temperature, num_classes=classes)
+        return {"metrics": classification_metrics(votes, test["label"]),
+                "examples": len(votes), "train_examples": len(train["label"]),
+                "classes": classes, "k": min(task.knn_k, len(train["label"])),
+                "temperature": task.knn_temperature}
     metrics = fewshot_probe(train["features"], train["label"], test["features"],
                             test["label"], num_classes=classes)
     return {"metrics": metrics, "examples": len(test["label"]),

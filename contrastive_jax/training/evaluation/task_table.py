@@ -8,9 +8,10 @@ class names and templates, from two data files beside this module.
 
 Kinds (docs/evaluation.md): ``zeroshot`` (class names x templates, top-1/top-5, mean per-class
 recall), ``retrieval`` (image <-> text Recall@1/5/10, every caption of an image counted),
-``linear`` (logistic regression on frozen features), ``fewshot`` (big_vision's closed-form probe).
-A dataset the table does not hold is any other TFDS dataset, given by its keys
-(:func:`resolve_tasks`' ``overrides``: at least the test split).
+``linear`` (logistic regression on frozen features), ``fewshot`` (big_vision's closed-form probe),
+``knn`` (weighted k-nearest-neighbour vote on frozen, L2-normalised features; ``knn_k``,
+``knn_temperature``). A dataset the table does not hold is any other TFDS dataset, given by its
+keys (:func:`resolve_tasks`' ``overrides``: at least the test split).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from etils import epath
 
 from contrastive_jax.errors import ConfigError
 
-KINDS = ("zeroshot", "retrieval", "linear", "fewshot")
-CLASSIFICATION_KINDS = ("zeroshot", "linear", "fewshot")
+KINDS = ("zeroshot", "retrieval", "linear", "fewshot", "knn")
+CLASSIFICATION_KINDS = ("zeroshot", "linear", "fewshot", "knn")
 _HERE = pathlib.Path(__file__).resolve().parent
 TASK_TABLE = _HERE / "task_table.json"
 CLASS_NAMES = _HERE / "class_names.json"
@@ -34,7 +35,8 @@ OVERRIDES = ("test_split", "train_split", "image_key", "label_key", "caption_key
 DEFAULT_KEYS = {"image_key": "image", "label_key": "label", "caption_key": "captions/text"}
 DEFAULT_TEMPLATES = ("a photo of a {}.",)  # a dataset without recorded templates
 MAIN_METRICS = {"zeroshot": "acc1", "linear": "acc1", "fewshot": "10shot",
-                "retrieval": "mean_r1"}
+                "retrieval": "mean_r1", "knn": "acc1"}
+KNN_K, KNN_TEMPERATURE = 20, 0.07  # [DINO]'s weighted k-NN (the defaults of probes.knn_votes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +45,8 @@ class Task:
 
     ``class_names`` / ``templates``: ``None`` where the kind needs none, or where the names come
     from the dataset's ClassLabel feature when it is read (``class_names_from_tfds``).
-    ``main_metric``: the score the results table shows first.
+    ``main_metric``: the score the results table shows first. ``knn_k`` / ``knn_temperature``:
+    a ``knn`` task's neighbours and vote temperature (other kinds ignore them).
     """
 
     kind: str
@@ -56,6 +59,8 @@ class Task:
     main_metric: str
     class_names: tuple[str, ...] | None = None
     templates: tuple[str, ...] | None = None
+    knn_k: int = KNN_K
+    knn_temperature: float = KNN_TEMPERATURE
 
     @property
     def name(self) -> str:
@@ -117,7 +122,8 @@ def read_class_names(path: str | pathlib.Path | epath.Path = CLASS_NAMES
 
 
 def resolve_tasks(names: Sequence[str], *, overrides: Mapping[str, str] | None = None,
-                  class_names_file: str | None = None) -> list[Task]:
+                  class_names_file: str | None = None, knn_k: int = KNN_K,
+                  knn_temperature: float = KNN_TEMPERATURE) -> list[Task]:
     """The :class:`Task` of each ``"kind/dataset"`` in ``names``, in order.
 
     ``overrides``: values of :data:`OVERRIDES` for every task (``test_split``, ``train_split``,
@@ -126,15 +132,23 @@ def resolve_tasks(names: Sequence[str], *, overrides: Mapping[str, str] | None =
     and ``train``). ``class_names_file``: a file in ``class_names.json``'s format whose entries
     replace the shipped ones (names, templates or both). A zero-shot task on a dataset with no
     recorded names takes the ClassLabel names of the dataset (and the template
-    ``"a photo of a {}."`` unless the file gives templates).
+    ``"a photo of a {}."`` unless the file gives templates). ``knn_k`` / ``knn_temperature``:
+    the ``knn`` tasks' settings (default [DINO]'s 20 and 0.07).
 
     ConfigError, before anything runs: an unknown kind, an unknown dataset without a test
-    split, a kind the table's entry does not serve, a task named twice, an unknown override.
+    split, a kind the table's entry does not serve, a task named twice, an unknown override,
+    a ``knn_k`` that is not a positive integer or a ``knn_temperature`` that is not positive.
     """
     overrides = {k: v for k, v in dict(overrides or {}).items() if v}
     unknown = sorted(set(overrides) - set(OVERRIDES))
     if unknown:
         raise ConfigError(f"unknown task settings {unknown}; valid: {list(OVERRIDES)}")
+    if isinstance(knn_k, bool) or not isinstance(knn_k, int) or knn_k < 1:
+        raise ConfigError(f"the kNN tasks' k must be a positive integer; got {knn_k!r}")
+    if isinstance(knn_temperature, bool) or not isinstance(knn_temperature, int | float) or \
+            not knn_temperature > 0 or knn_temperature == float("inf"):
+        raise ConfigError(f"the kNN tasks' temperature must be a positive number; got "
+                          f"{knn_temperature!r}")
     if not names:
         raise ConfigError(f"no tasks: give --tasks=KIND/DATASET,... (kinds: {list(KINDS)}; "
                           f"datasets: {sorted(read_table())})")
@@ -173,5 +187,6 @@ def resolve_tasks(names: Sequence[str], *, overrides: Mapping[str, str] | None =
             label_key=fields["label_key"], caption_key=fields["caption_key"],
             main_metric=MAIN_METRICS[kind] if kind == "fewshot" else
             (entry or {}).get("main_metric", MAIN_METRICS[kind]),
-            class_names=class_names, templates=templates))
+            class_names=class_names, templates=templates, knn_k=knn_k,
+            knn_temperature=float(knn_temperature)))
     return tasks

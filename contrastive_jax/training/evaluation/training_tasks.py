@@ -21,6 +21,7 @@ from flax import nnx
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS, global_batch
 from contrastive_jax.training.augmentations.pixels import pixel_normalization
+from contrastive_jax.training.data.example_preprocessing import decodes_images, evaluation_resize
 from contrastive_jax.training.data.image_crops import evaluation_image, open_image
 from contrastive_jax.training.evaluation.run_evaluation import (
     gathered,
@@ -38,7 +39,7 @@ def run_task_model(graphdef, state, config, mesh) -> TaskModel:
     """The run's model as a benchmark-task model
     (:class:`~contrastive_jax.training.evaluation.task_runner.TaskModel`).
 
-    Images: with the ``image_text`` preprocessing, the evaluation crop of
+    Images: with the ``image_text`` or ``image`` preprocessing, the evaluation crop of
     ``data.preprocess`` (``image_size``, ``resize``, ``resize_mode``; decoded in full, as in
     :func:`zero_shot_samples`), otherwise the image as stored (the standard preprocessing: the
     dataset's images must have the model's input size); then on the device the run's own
@@ -53,9 +54,9 @@ def run_task_model(graphdef, state, config, mesh) -> TaskModel:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"evaluation.tasks_batch_size must be a positive integer (0: "
                           f"data.eval_batch_size); got {size!r}")
-    if pre.get("name", "standard") == "image_text":
+    if decodes_images(pre):
         crop = functools.partial(evaluation_image, size=pre.get("image_size", 224),
-                                 resize=pre.get("resize", "bicubic"),
+                                 resize=evaluation_resize(pre),
                                  resize_mode=pre.get("resize_mode", "shortest"),
                                  reduced_decode=False)
     else:
@@ -135,12 +136,13 @@ def check_tasks(config) -> list:
     try:
         overrides = ev.get("task_overrides") or {}
         tasks = resolve_tasks(list(names), class_names_file=ev.get("tasks_class_names") or None,
-                              overrides=dict(overrides))
+                              overrides=dict(overrides), knn_k=ev.get("knn_k", 20),
+                              knn_temperature=ev.get("knn_temperature", 0.07))
     except ConfigError as err:
         raise ConfigError(f"evaluation.tasks: {err}") from None
     text = [t.name for t in tasks if t.kind in ("zeroshot", "retrieval")]
     if text and config.model.get("name") != "dual_encoder":
         raise ConfigError(f"evaluation.tasks: {text} need a text tower, and model.name = "
-                          f"{config.model.get('name')!r} has none; keep the linear/ and "
-                          "fewshot/ tasks")
+                          f"{config.model.get('name')!r} has none; keep the linear/, "
+                          "fewshot/ and knn/ tasks")
     return tasks

@@ -16,10 +16,11 @@ Command line (the command named by the "not prepared" errors)::
     python -m contrastive_jax.training.data.prepare mnist1d digits digit_captions/mnist1d \\
         [--data_dir=DIR]
     python -m contrastive_jax.training.data.prepare --mock coco_captions [--data_dir=DIR]
+    python -m contrastive_jax.training.data.prepare --mock imagenet2012 [--data_dir=DIR]
 
-``--mock coco_captions`` writes a tiny copy of ``coco_captions`` with random examples (the
-real builder's features and splits; :mod:`~contrastive_jax.training.data.mock_datasets`), for
-the pod template's ``tiny`` variant.
+``--mock NAME`` writes a tiny copy of ``coco_captions`` or ``imagenet2012`` with random examples
+(the real builder's features and splits; :mod:`~contrastive_jax.training.data.mock_datasets`),
+for the pod template's ``tiny`` variant and the ImageNet runs' tests.
 
 The data dir is, in order: ``--data_dir`` / the config's ``data.data_dir``, the
 ``CONTRASTIVE_JAX_DATA_DIR`` environment variable, ``$XDG_CACHE_HOME/contrastive_jax/datasets``
@@ -195,8 +196,8 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "generate again even if prepared (damaged record files)",
                                flag_values=FLAGS)
 _MOCK = flags.DEFINE_multi_string(
-    "mock", None, "write a tiny copy of a real dataset with random examples (coco_captions), "
-    "for the pod template's tiny variant", flag_values=FLAGS)
+    "mock", None, "write a tiny copy of a real dataset with random examples (coco_captions, "
+    "imagenet2012), for the pod template's tiny variant and tests", flag_values=FLAGS)
 COMMAND = command_line.Command(
     program="python -m contrastive_jax.training.data.prepare", doc=__doc__, flag_values=FLAGS,
     positional="[NAME ...]")
