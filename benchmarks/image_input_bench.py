@@ -1,6 +1,6 @@
 """Image input benchmark: 224 x 224 training batches from JPEG shards, per host core.
 
-    python benchmarks/image_input_bench.py [--images 384] [--batch 64] [--batches 4]
+    python benchmarks/image_input_bench.py [--part all|clip|views] [--images 384] [--batch 64]
 
 The script writes ``--images`` JPEGs of realistic size and entropy (640 x 480, quality 90,
 100-200 KB each: a smooth random field plus edges and fine texture, not flat colour) as
@@ -40,6 +40,15 @@ cores that takes = that rate / the pipeline's images per CPU-second. Peaks (bf16
 
 Writes ``experiments/results/image_input_bench.md`` (headed by the provenance line: date,
 commit, versions, devices; then the command).
+
+**The SimCLR family** (``--part views``; ``--part all``, the default, runs both): ImageNet-size
+JPEGs (about 400 x 350, ~100 KB) through the ``image`` preprocessing in this thread, examples
+per CPU-second of (a) a decode and two random resized crops to 224 (the views the device then
+augments) against (b) a decode to a fixed 256 x 256 (the device crops), and of the colour/blur
+chain done in the workers with PIL (torchvision's ops); the on-device chain (JAX on this CPU):
+XLA's FLOPs per view against ResNet-50's forward and backward (counted the same way) and views
+per CPU-second; and the host cores a chip needs for each. Writes
+``experiments/results/image_input_views.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -70,9 +79,10 @@ UTILISATION = 0.5
 
 
 def realistic_jpeg(rng: np.random.Generator, width: int = 640, height: int = 480,
-                   quality: int = 90) -> bytes:
+                   quality: int = 90, grain: float = 1.0) -> bytes:
     """A photo-like JPEG: a smooth random colour field (bicubic from 6 x 8), soft-edged
-    rectangles, and fine grain (the texture that makes a photo 100-200 KB at quality 90)."""
+    rectangles, and fine grain (the texture that makes a photo 100-200 KB at quality 90;
+    ``grain`` scales its standard deviation)."""
     from PIL import Image, ImageDraw, ImageFilter
 
     field = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize(
@@ -83,8 +93,9 @@ def realistic_jpeg(rng: np.random.Generator, width: int = 640, height: int = 480
         x1, y1 = x0 + rng.integers(20, 200), y0 + rng.integers(20, 200)
         draw.rectangle((x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
     field = field.filter(ImageFilter.GaussianBlur(1.2))
-    grain = rng.normal(0, 9, (height, width, 1)) + rng.normal(0, 4, (height, width, 3))
-    pixels = np.clip(np.asarray(field, np.float64) + grain, 0, 255).astype(np.uint8)
+    noise = (rng.normal(0, 9 * grain, (height, width, 1))
+             + rng.normal(0, 4 * grain, (height, width, 3)))
+    pixels = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
@@ -255,6 +266,211 @@ def template_flops_per_pair() -> tuple[float, str]:
 
 
 # -------------------------------------------------------------------------------------------
+# The SimCLR family at 224 (--part views): two views per example of ImageNet-size JPEGs
+
+RECIPE_NAMES = ("simclr", "moco_v2", "moco_v3")
+
+
+def imagenet_jpegs(n: int) -> list[bytes]:
+    """``n`` JPEGs of ImageNet's typical size and weight: 360-440 x 315-385 pixels (mean
+    400 x 350), quality 95, grain x2 (about 100 KB, ImageNet's mean file being ~110 KB)."""
+    rng = np.random.default_rng(1)
+    return [realistic_jpeg(rng, int(rng.integers(360, 441)), int(rng.integers(315, 386)),
+                           quality=95, grain=2.0) for _ in range(n)]
+
+
+def per_core(fn, items, repeats: int = 5) -> float:
+    """Items per CPU-second of ``fn(item, index)`` in this thread: the median of ``repeats``
+    passes over ``items`` (thread CPU time, so a core shared with others costs no wall time)."""
+    rates = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        for i, item in enumerate(items):
+            fn(item, i)
+        rates.append(len(items) / (time.thread_time() - start))
+    return float(np.median(rates))
+
+
+def pil_chain(view: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """SimCLR's colour and blur chain as torchvision runs it on PIL images in the workers
+    (flip 0.5; jitter (0.8, 0.8, 0.8, 0.2) p 0.8 in random order, hue by an HSV shift;
+    grayscale 0.2; blur p 0.5, PIL's GaussianBlur with sigma in [0.1, 2]): the cost of doing
+    it on the host instead of the device."""
+    from PIL import Image, ImageEnhance, ImageFilter
+
+    img = Image.fromarray(view)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if rng.random() < 0.8:
+        enhance = (ImageEnhance.Brightness, ImageEnhance.Contrast, ImageEnhance.Color)
+        for op in rng.permutation(4):
+            if op < 3:
+                img = enhance[op](img).enhance(rng.uniform(0.2, 1.8))
+            else:
+                h, sat, val = img.convert("HSV").split()
+                shift = np.uint8(round(rng.uniform(-0.2, 0.2) * 255) % 256)
+                hue = Image.fromarray(np.asarray(h, np.uint8) + shift)
+                img = Image.merge("HSV", (hue, sat, val)).convert("RGB")
+    if rng.random() < 0.2:
+        img = img.convert("L").convert("RGB")
+    if rng.random() < 0.5:
+        img = img.filter(ImageFilter.GaussianBlur(rng.uniform(0.1, 2.0)))
+    return np.asarray(img)
+
+
+def host_rows(jpegs: list[bytes]) -> list[dict]:
+    """Examples per CPU-second of each host pipeline, in the input workers' preprocessing."""
+    from PIL import Image
+
+    from contrastive_jax.training.data.example_preprocessing import image_preprocess
+
+    def run(**options):
+        preprocess = image_preprocess(training=True, **options)
+        return lambda jpeg, i: preprocess({"image": jpeg}, 0, i)
+
+    def decode(jpeg, i):
+        return np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+
+    two = run(views=2, crop="random", resize="bilinear")
+    views = [two(jpeg, i)["image"] for i, jpeg in enumerate(jpegs)]
+    rng = np.random.default_rng(0)
+    rows = [("decode only (full)", decode, "-"),
+            ("(a) decode + 2 random resized crops to 224, bilinear", two, "2 x 224^2 x 3"),
+            ("(a) the same, bicubic", run(views=2, crop="random", resize="bicubic"),
+             "2 x 224^2 x 3"),
+            ("(a) decode + 1 random resized crop to 224, bilinear",
+             run(views=1, crop="random", resize="bilinear"), "224^2 x 3"),
+            ("(b) decode + shorter side to 256 + centre 256, bilinear",
+             run(image_size=256, crop="center", resize="bilinear"), "256^2 x 3")]
+    out = []
+    for label, fn, shape in rows:
+        rate = per_core(fn, jpegs)
+        out.append({"row": label, "examples_per_core_s": rate, "to_device": shape})
+        print(f"{label}: {rate:.1f} examples per CPU-second", flush=True)
+    chain = per_core(lambda pair, i: [pil_chain(v, rng) for v in pair], views)
+    crops = out[1]["examples_per_core_s"]
+    out.append({"row": "(a) + the colour/blur chain in the workers (PIL, torchvision's ops)",
+                "examples_per_core_s": 1 / (1 / crops + 1 / chain), "to_device": "2 x 224^2 x 3",
+                "chain_alone_examples_per_core_s": chain})
+    print(f"PIL chain, 2 views: {chain:.1f} examples per CPU-second", flush=True)
+    return out
+
+
+def device_rows(batch: int) -> tuple[list[dict], dict]:
+    """The on-device augmentation (JAX on this CPU): XLA's FLOPs per view and views per
+    CPU-second of the process; and ResNet-50's FLOPs at 224 (XLA's count, forward and
+    forward + backward), the step the augmentation rides on."""
+    import resource
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from contrastive_jax.training import augmentations
+    from contrastive_jax.training.augmentations.pixels import unit_range
+    from contrastive_jax.training.models.encoders import ResNet
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    model = ResNet(depth=50, rngs=nnx.Rngs(0))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def features(p, x):
+        return nnx.merge(graph, p, rest)(x, train=False)
+
+    image = jnp.zeros((1, SIZE, SIZE, 3))
+    forward = jax.jit(features).lower(params, image).compile().cost_analysis()["flops"]
+    backward = jax.jit(jax.grad(lambda p, x: jnp.sum(features(p, x) ** 2))).lower(
+        params, image).compile().cost_analysis()["flops"]
+    resnet = {"forward_gflop": forward / 1e9, "forward_backward_gflop": backward / 1e9}
+    cases = [(f"(a) {name}: flip, jitter, grayscale, blur"
+              f"{', solarize' if name == 'moco_v3' else ''} on 2 host-cropped 224 views", name,
+              "host", (batch, 2, SIZE, SIZE, 3)) for name in RECIPE_NAMES]
+    cases.append(("(b) simclr: random resized crop 256 -> 224, then the same chain", "simclr",
+                  "device", (batch, 256, 256, 3)))
+    rows = []
+    for label, name, crop, shape in cases:
+        config = augmentations.recipe_augment_config(name, SIZE, crop=crop)
+        step = jax.jit(lambda x, k, c=config: augmentations.two_views_each(unit_range(x), k, c))
+        x = jnp.asarray(np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8))
+        keys = jax.random.split(jax.random.key(0), batch)
+        flops = step.lower(x, keys).compile().cost_analysis()["flops"] / (2 * batch)
+        jax.block_until_ready(step(x, keys))
+        start, repeats = cpu(), 3
+        for r in range(repeats):
+            jax.block_until_ready(step(x, jax.random.split(jax.random.key(r + 1), batch)))
+        rate = repeats * 2 * batch / (cpu() - start)
+        rows.append({"row": label, "gflop_per_view": flops / 1e9, "views_per_core_s": rate,
+                     "of_resnet50_step": flops / backward})
+        print(f"{label}: {flops / 1e6:.1f} MFLOP per view, {rate:.1f} views per CPU-second",
+              flush=True)
+    return rows, resnet
+
+
+def views_part(args) -> None:
+    """The SimCLR-family rows: host (a) vs (b), the chain on the device vs in the workers, and
+    the host cores a chip needs; writes experiments/results/image_input_views.{md,json}."""
+    from contrastive_jax.training.run.provenance import provenance, provenance_line
+
+    jpegs = imagenet_jpegs(args.jpegs)
+    sizes = [len(j) / 1e3 for j in jpegs]
+    host = host_rows(jpegs)
+    device, resnet = device_rows(args.device_batch)
+    chosen = host[1]["examples_per_core_s"]
+    step = 2 * resnet["forward_backward_gflop"] * 1e9  # two views per example
+    record = {"provenance": provenance(), "jpegs": len(jpegs), "kb_median": float(
+        np.median(sizes)), "host": host, "device": device, "resnet50": resnet,
+        "chosen": "a", "examples_per_core_s": chosen, "utilisation": UTILISATION}
+    cores = os.cpu_count()
+    lines = [
+        f"# Image input for the SimCLR family at {SIZE} x {SIZE}: two views per example",
+        "", provenance_line(record["provenance"]), "",
+        f"`python benchmarks/{pathlib.Path(__file__).name} --part views --jpegs {args.jpegs} "
+        f"--device_batch {args.device_batch}`: {cores} cores **shared with other jobs** (CPU "
+        "time per row, not wall time; expect some noise).", "",
+        f"{len(jpegs)} synthetic JPEGs of ImageNet's size (360-440 x 315-385, quality 95, "
+        f"{min(sizes):.0f}-{max(sizes):.0f} KB, median {np.median(sizes):.0f} KB), decoded "
+        "by the training preprocessing (`data.preprocess.name = \"image\"`, reduced decode "
+        "on); each rate the median of 5 passes in one thread.", "",
+        "## Host: per example, in the input workers", "",
+        "| host work per example | to the device (uint8) | examples/s per core | "
+        "ms per example |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['row']} | {r['to_device']} | {r['examples_per_core_s']:.1f} | "
+              f"{1e3 / r['examples_per_core_s']:.2f} |" for r in host]
+    lines += [
+        "", f"## Device: the augmentations after the crop (JAX; timed on this CPU, {cores} "
+        "shared cores)", "",
+        f"ResNet-50 at {SIZE} in XLA's count (2 FLOPs a multiply-add): "
+        f"{resnet['forward_gflop']:.2f} GFLOP forward, {resnet['forward_backward_gflop']:.2f} "
+        "forward + backward per view (the often quoted 4.1 / 12.3 are multiply-adds).", "",
+        "| on-device work | GFLOP per view (XLA) | of ResNet-50's forward + backward | views/s "
+        "per core (this CPU) |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['row']} | {r['gflop_per_view']:.3f} | {100 * r['of_resnet50_step']:.2f}% "
+              f"| {r['views_per_core_s']:.1f} |" for r in device]
+    lines += [
+        "", "## Host cores one chip needs (SimCLR / MoCo, ResNet-50, two views at 224)", "",
+        f"Step: 2 views x {resnet['forward_backward_gflop']:.1f} GFLOP = {step / 1e9:.1f} "
+        f"GFLOP per example; at a stated {UTILISATION:.0%} model-FLOPs utilisation:", "",
+        "| chip | peak bf16 TFLOP/s | examples/s per chip | cores per chip, (a) | (b) | (a) + "
+        "the chain in the workers |", "| --- | --- | --- | --- | --- | --- |"]
+    centre, in_workers = host[4]["examples_per_core_s"], host[-1]["examples_per_core_s"]
+    for chip, peak in PEAK_FLOPS.items():
+        rate = UTILISATION * peak / step
+        lines.append(f"| {chip} | {peak / 1e12:.0f} | {rate:,.0f} | {rate / chosen:.1f} | "
+                     f"{rate / centre:.1f} | {rate / in_workers:.1f} |")
+    lines += ["", f"Chosen: **(a)**, {chosen:.1f} examples per core-second "
+              "(contrastive_jax/plan/report.py, TWO_VIEW_EXAMPLES_PER_CORE_SECOND); "
+              "docs/benchmarks.md says why."]
+    out = pathlib.Path(args.output_views)
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
+
+
+# -------------------------------------------------------------------------------------------
 
 
 def main() -> None:
@@ -264,10 +480,23 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="timed batches per row")
     parser.add_argument("--data_dir", default="", help="where the JPEG dataset is converted")
     parser.add_argument("--output", default=str(RESULTS / "image_input_bench.md"))
+    parser.add_argument("--part", choices=("all", "clip", "views"), default="all",
+                        help="clip: the pod template's rows; views: the SimCLR family's")
+    parser.add_argument("--jpegs", type=int, default=128, help="ImageNet-size JPEGs (views)")
+    parser.add_argument("--device_batch", type=int, default=16, help="examples (views)")
+    parser.add_argument("--output_views", default=str(RESULTS / "image_input_views.md"))
     args = parser.parse_args()
     from absl import flags
 
     flags.FLAGS.mark_as_parsed()
+    if args.part in ("all", "views"):
+        views_part(args)
+    if args.part in ("all", "clip"):
+        clip_part(args)
+
+
+def clip_part(args) -> None:
+    """The pod template's rows (CLIP, one crop per pair); writes image_input_bench.md."""
 
     from contrastive_jax.training.data.sources import open_split
     from contrastive_jax.training.data.text.text_tokenizers import load_tokenizer

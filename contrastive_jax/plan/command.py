@@ -84,6 +84,7 @@ from contrastive_jax.plan import tpu_compiler
 from contrastive_jax.plan.choice import Choice, choice_lines, choose, settings_key
 from contrastive_jax.plan.report import (
     Speed,
+    host_input,
     per_chip_flops,
     remat_check,
     report,
@@ -306,8 +307,8 @@ def target_plan(config, mesh, result: Plan, name: str, target: Target, mfu: floa
     final = (found.answer if found is not None and found.answer is not None else {})
     chosen = with_overrides(config, final) if final else config
     flops = per_chip_flops(chosen, flops_mesh)
-    images = any(len(shape) == 3 for shape, _ in example_shapes(config).values())
-    speed = Speed.of(result, flops, target, mfu, images) if flops else None
+    images = any(len(shape) >= 3 for shape, _ in example_shapes(config).values())
+    speed = Speed.of(result, flops, target, mfu, host_input(config, images)) if flops else None
     remat = (remat_check(chosen, mesh, budget, flops_mesh, compile_plan) if uses_remat(chosen)
              else None)
     print(target_report(result, name, target, found, speed, remat, others))

@@ -114,6 +114,55 @@ def caveat(p: Plan) -> str:
     return _TPU_CAVEAT if p.compiler == "TPU" else _CAVEAT
 
 
+# Examples per CPU-second of the ``image`` preprocessing's training input, ImageNet-size JPEGs
+# at 224 (experiments/results/image_input_views.md, "examples/s per core", 2 shared cores of
+# the 2026-12-07 machine): decode + two random resized crops (views = 2, bilinear: the SimCLR
+# family's input, (a)), decode + one crop, and decode + shorter side 256 + centre crop ((b)).
+TWO_VIEW_EXAMPLES_PER_CORE_SECOND = 534.6
+ONE_VIEW_EXAMPLES_PER_CORE_SECOND = 718.6
+CENTRE_256_EXAMPLES_PER_CORE_SECOND = 593.3
+_CLIP_TABLE = "experiments/results/image_input_bench.md"
+_VIEWS_TABLE = "experiments/results/image_input_views.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInput:
+    """What one training example costs the input workers: examples per core-second, and the
+    host work and table that rate comes from."""
+
+    examples_per_core_s: float
+    work: str
+
+
+def host_input(config, images: bool = True) -> HostInput | None:
+    """The host work per training example of ``config`` and its measured rate.
+
+    ``data.preprocess.name = "image"`` (the SimCLR family, ImageNet-size JPEGs): with
+    ``crop = "random"``, a decode and ``views`` random resized crops, at ``1 / r = d + v c``
+    per example, ``d`` and ``c`` (a decode, a crop) solved from the measured one- and two-view
+    rates (so ``views`` = 1 and 2 are those rows); with ``crop = "center"``, a decode, resize
+    and centre crop. ``"image_text"``: one decode and crop (:data:`IMAGES_PER_CORE_SECOND`,
+    the pod template's table); another image input (``images``) counts at that rate too;
+    ``None`` without images.
+    """
+    preprocess = dict((config.get("data") or {}).get("preprocess") or {})
+    name = preprocess.get("name", "standard")
+    size = preprocess.get("image_size", 224)
+    if name == "image" and preprocess.get("crop", "center") == "random":
+        views = int(preprocess.get("views", 1))
+        crop = 1 / TWO_VIEW_EXAMPLES_PER_CORE_SECOND - 1 / ONE_VIEW_EXAMPLES_PER_CORE_SECOND
+        decode = 1 / ONE_VIEW_EXAMPLES_PER_CORE_SECOND - crop
+        rate = 1 / (decode + views * crop)
+        return HostInput(rate, f"decode + {views} random resized crop{'s' * (views > 1)} at "
+                               f"{size}: {_VIEWS_TABLE}")
+    if name == "image":
+        return HostInput(CENTRE_256_EXAMPLES_PER_CORE_SECOND,
+                         f"decode + resize + centre crop at {size}: {_VIEWS_TABLE}")
+    if name == "image_text" or images:
+        return HostInput(IMAGES_PER_CORE_SECOND, f"decode + 1 crop: {_CLIP_TABLE}")
+    return None
+
+
 @dataclasses.dataclass
 class Speed:
     """The step's time and input rate on a target at a stated model-FLOPs utilisation."""
@@ -122,16 +171,26 @@ class Speed:
     mfu: float
     step_s: float | None  # None when the target's peak is unknown
     examples_per_s_per_host: float | None
-    host_cores: float | None  # for an image input, at IMAGES_PER_CORE_SECOND
+    host_cores: float | None  # for an image input, at the host input's rate
+    host_examples_per_core_s: float | None = None
+    host_work: str | None = None
 
     @classmethod
-    def of(cls, p: Plan, flops: float, target: Target, mfu: float, images: bool) -> Speed:
+    def of(cls, p: Plan, flops: float, target: Target, mfu: float,
+           images: bool | HostInput | None) -> Speed:
+        """``images``: the host input (:func:`host_input`); ``True`` is one decode and crop
+        per example (:data:`IMAGES_PER_CORE_SECOND`), ``False`` / ``None`` no image input."""
+        if images is True:
+            images = HostInput(IMAGES_PER_CORE_SECOND, f"decode + 1 crop: {_CLIP_TABLE}")
+        host = images or None
         if target.peak_flops is None:
             return cls(flops, mfu, None, None, None)
         step_s = flops / (mfu * target.peak_flops)
         per_host = p.global_batch / step_s / target.hosts
-        return cls(flops, mfu, step_s, per_host,
-                   per_host / IMAGES_PER_CORE_SECOND if images else None)
+        if host is None:
+            return cls(flops, mfu, step_s, per_host, None)
+        return cls(flops, mfu, step_s, per_host, per_host / host.examples_per_core_s,
+                   host.examples_per_core_s, host.work)
 
 
 def uses_remat(config) -> bool:
@@ -263,8 +322,8 @@ def target_report(p: Plan, config_name: str, target: Target, search: Search | No
                          f"in all, {speed.examples_per_s_per_host:,.0f} per host")
             if speed.host_cores is not None:
                 lines.append(f"  host CPU cores for input   {math.ceil(speed.host_cores)} "
-                             f"per host (at {IMAGES_PER_CORE_SECOND} images per core-second: "
-                             "experiments/results/image_input_bench.md)")
+                             f"per host (at {speed.host_examples_per_core_s:.1f} examples per "
+                             f"core-second, {speed.host_work})")
         lines += roofline_lines(p, target)
     if remat is not None:
         lines += remat_lines(remat, usable_b)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 from contrastive_jax.accelerators import GiB
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.interrupts import activity
+from contrastive_jax.training.data.example_preprocessing import decodes_images
 
 if TYPE_CHECKING:
     from contrastive_jax.plan.tpu_compiler import Cost
@@ -83,8 +84,9 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
     declares for its block (the encoder protocol, docs/architecture.md: a ViT
     ``(image_size, image_size, in_channels)``, a signal CNN ``(length, in_channels)``, an MLP
     ``(in_features,)``, a ResNet the data's ``data.preprocess.image_size``). Images come as
-    uint8 with the ``image_text`` preprocessing (the host sends uint8, the device normalises),
-    float32 otherwise. Dual encoders add ``text_key``: the text tower's ``input_shape``, int32.
+    uint8 with the ``image_text`` and ``image`` preprocessings (the host sends uint8, the device
+    normalises; ``image`` with ``views`` > 1 sends ``(views, S, S, 3)``), float32 otherwise.
+    Dual encoders add ``text_key``: the text tower's ``input_shape``, int32.
     A ``loss.positive_ids`` feature is ``()`` int32.
     """
     from contrastive_jax.training.models import ENCODERS, with_defaults
@@ -99,8 +101,11 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
     preprocess = config.data.get("preprocess") or {}
     shape = declared(model.get("sample_encoder") or model.get("encoder"),
                      preprocess.get("image_size"))
-    image_text = preprocess.get("name") == "image_text"
-    shapes = {config.input_key: (shape, "uint8" if image_text and len(shape) == 3
+    decoded = decodes_images(preprocess)
+    views = preprocess.get("views", 1) if preprocess.get("name") == "image" else 1
+    if decoded and len(shape) == 3 and views > 1:  # the views cropped on the host
+        shape = (views, *shape)
+    shapes = {config.input_key: (shape, "uint8" if decoded and len(shape) >= 3
                                  else "float32")}
     if model.get("name") == "dual_encoder":
         shapes[config.get("text_key", "caption")] = (declared(model.text_encoder), "int32")

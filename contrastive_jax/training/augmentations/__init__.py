@@ -9,9 +9,16 @@ identity). The per-example ops, each ``(x, key, strength) -> y``, live in
 :mod:`contrastive_jax.training.augmentations.signal` (``(L, C)`` signals) and
 :mod:`contrastive_jax.training.augmentations.image` (``(H, W, C)`` images in ``[0, 1]``), with
 the deterministic ops they are built from.
+
+``recipe_augment_config("simclr" | "moco_v2" | "moco_v3", image_size)`` returns the papers'
+recipes at ImageNet scale with torchvision's semantics
+(:mod:`contrastive_jax.training.augmentations.family`; the device crop:
+:mod:`contrastive_jax.training.augmentations.crop`); the same four functions run them, on a
+batch of images or of two views per example cropped by the input workers.
 """
 
-from contrastive_jax.training.augmentations import image, signal
+from contrastive_jax.training.augmentations import crop, family, image, signal
+from contrastive_jax.training.augmentations.family import RECIPES, recipe_augment_config
 from contrastive_jax.training.augmentations.views import (
     IMAGE_OPS,
     KINDS,
@@ -26,11 +33,15 @@ from contrastive_jax.training.augmentations.views import (
 __all__ = [
     "IMAGE_OPS",
     "KINDS",
+    "RECIPES",
     "SIGNAL_OPS",
     "augment",
     "augment_each",
+    "crop",
     "default_augment_config",
+    "family",
     "image",
+    "recipe_augment_config",
     "signal",
     "two_views",
     "two_views_each",

@@ -28,7 +28,8 @@ it instead. Both of these compile once per config and batch shape::
 A ``ml_collections.FrozenConfigDict`` is hashable and may be static instead:
 ``jax.jit(two_views, static_argnames="config")(batch, key, config=FrozenConfigDict(config))``.
 Internally the config is frozen into a hashable tuple and the batch function is itself jitted,
-so eager calls are compiled too.
+so eager calls are compiled too. An ``image_recipe`` config (SimCLR's, MoCo v2's, MoCo v3's:
+:mod:`~contrastive_jax.training.augmentations.family`) runs through the same four functions.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from contrastive_jax.errors import ConfigError
-from contrastive_jax.training.augmentations import image, signal
+from contrastive_jax.training.augmentations import family, image, signal
 from contrastive_jax.training.augmentations.signal import check_strength
 
 Array = jax.Array
@@ -124,7 +125,7 @@ def default_augment_config(kind: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"kind": kind, **strengths})
 
 
-def augment(batch: Array, key: Array, config: ConfigLike) -> Array:
+def augment(batch: Array, key: Array, config: ConfigLike, view: int | None = None) -> Array:
     """One random augmentation of every example, each example with its own key.
 
     Args:
@@ -139,7 +140,20 @@ def augment(batch: Array, key: Array, config: ConfigLike) -> Array:
       An array of the batch's shape and dtype: ``y_b = t_b(x_b)``, ``t_b`` the composition of
       the active ops with parameters drawn from the ``b``-th key. Computed in float32 (float64
       for float64 input) and cast back. All strengths 0: the batch itself.
+
+    An ``image_recipe`` config (:func:`~contrastive_jax.training.augmentations.family.
+    recipe_augment_config`) draws view ``view`` of its recipe (needed when its views differ, or
+    when the batch holds two views per example, ``(B, 2, H, W, C)``: then ``batch[:, view]``);
+    other kinds ignore ``view``. The output is ``(B, size, size, C)`` with its ``crop =
+    "device"``.
     """
+    settings = _recipe_of(config)
+    if settings is not None:
+        batch = _check_batch("image", batch, views=settings.crop == "host")
+        _check_key(key)
+        v = _recipe_view_index(settings, batch, view)
+        return family.recipe_batch(_source(batch, v), jax.random.split(key, batch.shape[0]),
+                                   settings, v)
     kind, strengths = _freeze(config)
     batch = _check_batch(kind, batch)
     _check_key(key)
@@ -158,8 +172,16 @@ def two_views(batch: Array, key: Array, config: ConfigLike) -> tuple[Array, Arra
     come from one vmapped pipeline over ``2B`` examples, so ``jit`` compiles the pipeline once.
 
     Args and shapes as :func:`augment`. Returns ``(view1, view2)``, each of the batch's shape
-    and dtype.
+    and dtype. An ``image_recipe`` config draws view ``v`` with its view-``v`` settings, from
+    ``batch[:, v]`` when the batch holds two views per example.
     """
+    settings = _recipe_of(config)
+    if settings is not None:
+        batch = _check_batch("image", batch, views=settings.crop == "host")
+        _check_key(key)
+        n = batch.shape[0]
+        return tuple(family.recipe_batch(_source(batch, v), jax.random.split(k, n), settings, v)
+                     for v, k in enumerate(jax.random.split(key)))
     kind, strengths = _freeze(config)
     batch = _check_batch(kind, batch)
     _check_key(key)
@@ -167,7 +189,8 @@ def two_views(batch: Array, key: Array, config: ConfigLike) -> tuple[Array, Arra
     return views[0], views[1]
 
 
-def augment_each(batch: Array, keys: Array, config: ConfigLike) -> Array:
+def augment_each(batch: Array, keys: Array, config: ConfigLike,
+                 view: int | None = None) -> Array:
     """:func:`augment` with the examples' own keys: example ``b`` is augmented with ``keys[b]``.
 
     An example's augmentation then does not depend on the batch it sits in, which is what the
@@ -178,7 +201,14 @@ def augment_each(batch: Array, keys: Array, config: ConfigLike) -> Array:
       batch: as :func:`augment`, ``(B, ...)``.
       keys: ``(B,)`` typed PRNG keys (``jax.random.split(key, B)``), one per example.
       config: as :func:`augment`.
+      view: as :func:`augment` (MoCo passes the view it draws).
     """
+    settings = _recipe_of(config)
+    if settings is not None:
+        batch = _check_batch("image", batch, views=settings.crop == "host")
+        _check_example_keys(keys, batch.shape[0])
+        v = _recipe_view_index(settings, batch, view)
+        return family.recipe_batch(_source(batch, v), keys, settings, v)
     kind, strengths = _freeze(config)
     batch = _check_batch(kind, batch)
     _check_example_keys(keys, batch.shape[0])
@@ -189,8 +219,16 @@ def two_views_each(batch: Array, keys: Array, config: ConfigLike) -> tuple[Array
     """:func:`two_views` with the examples' own keys: view ``v`` of example ``b`` is augmented
     with ``jax.random.split(keys[b])[v]`` (two independent draws per example, [SimCLR] §2.1).
 
-    Args and shapes as :func:`augment_each`. Returns ``(view1, view2)``.
+    Args and shapes as :func:`augment_each`. Returns ``(view1, view2)``. An ``image_recipe``
+    config as in :func:`two_views`.
     """
+    settings = _recipe_of(config)
+    if settings is not None:
+        batch = _check_batch("image", batch, views=settings.crop == "host")
+        _check_example_keys(keys, batch.shape[0])
+        view_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)  # (2, B)
+        return tuple(family.recipe_batch(_source(batch, v), view_keys[v], settings, v)
+                     for v in range(2))
     kind, strengths = _freeze(config)
     batch = _check_batch(kind, batch)
     _check_example_keys(keys, batch.shape[0])
@@ -245,22 +283,50 @@ def _augment_example(x: Array, key: Array, kind: str, strengths: tuple) -> Array
     return y.astype(x.dtype)
 
 
+def _items(config: ConfigLike) -> dict:
+    if isinstance(config, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict)):
+        return dict(config.items())
+    if isinstance(config, Mapping):
+        return dict(config)
+    raise ConfigError(
+        "config must be a ConfigDict or a mapping with 'kind' and op strengths "
+        f"(see default_augment_config); got {type(config).__name__}."
+    )
+
+
+def _recipe_of(config: ConfigLike) -> family.RecipeSettings | None:
+    """The frozen settings of an ``image_recipe`` config; ``None`` for the other kinds."""
+    items = _items(config)
+    return family.freeze_recipe(items) if items.get("kind") == family.KIND else None
+
+
+def _recipe_view_index(settings: family.RecipeSettings, batch: Array, view: int | None) -> int:
+    if view is None:
+        if batch.ndim == 5:
+            raise ConfigError("the batch holds two views per example (B, 2, H, W, C): pass "
+                              "view=0 or view=1")
+        if not settings.symmetric:
+            raise ConfigError("this augment recipe draws its two views differently (MoCo v3's "
+                              "blur and solarize): pass view=0 or view=1")
+        return 0
+    if view not in (0, 1):
+        raise ConfigError(f"view must be 0 or 1; got {view!r}")
+    return view
+
+
+def _source(batch: Array, view: int) -> Array:  # a two-view batch's view, or the images
+    return batch[:, view] if batch.ndim == 5 else batch
+
+
 def _freeze(config: ConfigLike) -> _Frozen:
     """Validate a config and freeze it to ``(kind, ((op, strength), ...))`` in op order."""
-    if isinstance(config, (ml_collections.ConfigDict, ml_collections.FrozenConfigDict)):
-        items = dict(config.items())
-    elif isinstance(config, Mapping):
-        items = dict(config)
-    else:
-        raise ConfigError(
-            "config must be a ConfigDict or a mapping with 'kind' and op strengths "
-            f"(see default_augment_config); got {type(config).__name__}."
-        )
+    items = _items(config)
     kind = items.pop("kind", None)
     if kind not in KINDS:
         raise ConfigError(
-            f"config['kind'] must be one of {KINDS}; got {kind!r}. Start from "
-            "default_augment_config('signal') or default_augment_config('image')."
+            f"config['kind'] must be one of {(*KINDS, family.KIND)}; got {kind!r}. Start from "
+            "default_augment_config('signal') or default_augment_config('image'), or "
+            "recipe_augment_config('simclr')."
         )
     module = _MODULES[kind]
     unknown = sorted(set(items) - set(module.OPS))
@@ -276,8 +342,18 @@ def _freeze(config: ConfigLike) -> _Frozen:
     return kind, strengths
 
 
-def _check_batch(kind: str, batch) -> Array:
+def _check_batch(kind: str, batch, views: bool = False) -> Array:
+    """The batch as an array, or a ConfigError; ``views``: a ``(B, 2, H, W, C)`` batch of two
+    views per example is accepted too (the views the input workers cropped)."""
     shape = tuple(jnp.shape(batch))
+    if len(shape) == 5 and not views and kind == "image":
+        raise ConfigError(f"a batch of two views per example {shape} needs an augment recipe "
+                          "with crop='host' (recipe_augment_config(...))")
+    if views and len(shape) == 5:
+        if shape[1] != 2:
+            raise ConfigError(f"a batch of views must be (batch, 2, height, width, channels); "
+                              f"got shape {shape}")
+        shape = (shape[0], *shape[2:])
     if kind == "signal" and len(shape) != 3:
         fix = {
             1: "add batch and channel axes (x[None, :, None])",

@@ -6,7 +6,9 @@ processes (:mod:`~contrastive_jax.training.data.pipeline`).
   are stored, in JAX's dtypes (images to float32 in [0, 1]);
 - ``image_text`` (:func:`image_text_preprocess`): an image decoded and cropped to a square
   uint8 array (a random resized crop in training, open_clip's evaluation transform otherwise)
-  and its caption tokenised.
+  and its caption tokenised;
+- ``image`` (:func:`image_preprocess`): an image decoded and cropped to uint8, in training
+  ``views`` random resized crops of it (SimCLR's and MoCo's two views per example).
 
 The fields the device applies (``mean``, ``std``: :data:`DEVICE_OPTIONS`) are not the host's.
 """
@@ -145,7 +147,81 @@ def image_text_preprocess(*, image_key: str = "image", caption_key: str = "capti
     return preprocess
 
 
-PREPROCESSORS = {"standard": None, "image_text": image_text_preprocess}
+def image_preprocess(*, image_key: str = "image", image_size: int = 224, views: int = 1,
+                     crop: str = "center", crop_scale: Sequence[float] = (0.08, 1.0),
+                     crop_ratio: Sequence[float] = (3 / 4, 4 / 3), resize: str = "bilinear",
+                     resize_mode: str = "shortest", reduced_decode: bool = True,
+                     extra_features: Sequence[str] = (), training: bool = False,
+                     seed: int = 0) -> Callable[..., Example]:
+    """Image example (e.g. ImageNet's ``{"image", "label"}``) -> ``{"image"}`` and the
+    ``extra_features`` (e.g. ``("label",)``), for the image-only methods (SimCLR, MoCo).
+
+    The image (encoded bytes or an (H, W, 3) uint8 array) becomes **uint8**
+    (:mod:`contrastive_jax.training.data.image_crops`): in training with ``crop="random"``,
+    ``views`` random resized crops of the decoded image (area fraction in ``crop_scale``,
+    aspect ratio in ``crop_ratio``; SimCLR's and MoCo's torchvision crop, [SimCLR] Appendix A),
+    the image decoded once (:func:`~contrastive_jax.training.data.image_crops.
+    random_resized_crops`): ``(views, image_size, image_size, 3)``, or ``(image_size,
+    image_size, 3)`` for one view; the boxes drawn from ``(seed, position)`` as in
+    :func:`image_text_preprocess`. Otherwise (evaluation, or ``crop="center"``: an image the
+    device crops, e.g. at 256 for a 224 crop) one ``(image_size, image_size, 3)`` image by
+    open_clip's evaluation transform of ``resize_mode``. The device augments the views
+    (``augment``: :func:`contrastive_jax.training.augmentations.recipe_augment_config`).
+    ``resize``: ``"bilinear"`` (torchvision's default) or ``"bicubic"``.
+    """
+    image_crops.check_resize(resize)
+    image_crops.check_resize_mode(resize_mode)
+    if crop not in ("center", "random"):
+        raise ConfigError(f"data.preprocess.crop must be 'center' or 'random'; got {crop!r}")
+    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+        raise ConfigError(f"data.preprocess.views must be an integer >= 1; got {views!r}")
+    if views > 1 and crop != "random":
+        raise ConfigError(f"data.preprocess.views={views} needs crop='random' (views are "
+                          "random resized crops); set crop='random' or views=1")
+    scale = image_crops.check_range(crop_scale, "crop_scale", 0.0)
+    ratio = image_crops.check_range(crop_ratio, "crop_ratio", 0.0)
+    if isinstance(extra_features, str) or not all(isinstance(k, str) for k in extra_features):
+        raise ConfigError("data.preprocess.extra_features must be a list of feature names, "
+                          f"e.g. ('label',); got {extra_features!r}")
+    extra = standard_preprocess(tuple(extra_features), field="data.preprocess.extra_features") \
+        if extra_features else None
+    random_crop = training and crop == "random"
+
+    def preprocess(example: Mapping, epoch: int = 0, position: int = 0) -> Example:
+        del epoch  # the crops depend on the stream position only
+        if image_key not in example:
+            raise ConfigError(f"no image {image_key!r} in the example (it has "
+                              f"{sorted(example)}); change data.preprocess.image_key")
+        if random_crop:
+            image = image_crops.random_resized_crops(
+                example[image_key], image_size, np.random.default_rng((seed, position)), views,
+                scale=scale, ratio=ratio, resize=resize, reduced_decode=reduced_decode)
+            image = image[0] if views == 1 else image
+        else:
+            image = image_crops.evaluation_image(
+                example[image_key], image_size, resize=resize, resize_mode=resize_mode,
+                reduced_decode=reduced_decode and training)
+        return {**(extra(example) if extra else {}), "image": image}
+
+    return preprocess
+
+
+PREPROCESSORS = {"standard": None, "image_text": image_text_preprocess,
+                 "image": image_preprocess}
+DEFAULT_RESIZE = {"image_text": "bicubic", "image": "bilinear"}
+"""The preprocessings that decode and crop images on the host (uint8 to the device), with the
+resize kernel each uses when ``data.preprocess.resize`` is unset."""
+
+
+def decodes_images(preprocess: Mapping[str, Any] | None) -> bool:
+    """Whether a ``data.preprocess`` block decodes and crops its images on the host
+    (:data:`DEFAULT_RESIZE`: ``image_text``, ``image``), sending uint8 to the device."""
+    return (preprocess or {}).get("name", "standard") in DEFAULT_RESIZE
+
+
+def evaluation_resize(preprocess: Mapping[str, Any]) -> str:
+    """The resize kernel of a decoding preprocessing's evaluation crop."""
+    return preprocess.get("resize", DEFAULT_RESIZE[preprocess.get("name", "image_text")])
 
 
 def preprocess_options(config: ml_collections.ConfigDict) -> tuple[str, dict[str, Any]]:
@@ -176,9 +252,9 @@ def make_preprocess(config: ml_collections.ConfigDict, *,
 
 def encoded_images(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """The image features that :func:`~.sources.open_split` hands over encoded: the image_text
-    preprocessing decodes its image itself (at reduced size where it can)."""
+    and image preprocessings decode their image themselves (at reduced size where they can)."""
     name, options = preprocess_options(config)
-    return (options.get("image_key", "image"),) if name == "image_text" else ()
+    return (options.get("image_key", "image"),) if name in DEFAULT_RESIZE else ()
 
 
 def _to_jax_dtype(x: np.ndarray) -> np.ndarray:

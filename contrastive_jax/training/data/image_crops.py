@@ -11,7 +11,8 @@ Three ways to a ``size x size`` uint8 RGB array:
 - :func:`random_resized_crop` (training): a box of area fraction ``~ U(scale)`` and aspect ratio
   ``~ logU(ratio)`` at a uniform position, resized to ``size x size``; torchvision's
   ``RandomResizedCrop`` sampler (10 tries, then the centre crop of the clamped ratio), as
-  open_clip trains (scale (0.9, 1.0)) and big_vision's inception crop (scale (0.05, 1.0)).
+  open_clip trains (scale (0.9, 1.0)) and big_vision's inception crop (scale (0.05, 1.0));
+  :func:`random_resized_crops` draws several such crops of one decode (SimCLR's two views).
 
 ``resize`` is ``"bicubic"`` (CLIP, open_clip) or ``"bilinear"``; PIL's filters, which widen
 their support when shrinking (antialiased), as torchvision's on PIL images. As in open_clip,
@@ -86,23 +87,26 @@ def open_image(image) -> Image.Image:
     return Image.fromarray(array)
 
 
-def _decode(pil: Image.Image, box: Box, size: int, reduced: bool) -> tuple[Image.Image, Box]:
-    """The decoded RGB image and ``box`` in its pixels: at a reduced size (JPEG) where the box
-    keeps ``>= size`` pixels each way, else in full."""
+def _decode(pil: Image.Image, box: Box | list[Box], size: int,
+            reduced: bool) -> tuple[Image.Image, Box | list[Box]]:
+    """The decoded RGB image and ``box`` (or each of a list of boxes) in its pixels: at a
+    reduced size (JPEG) where every box keeps ``>= size`` pixels each way, else in full."""
+    boxes = box if isinstance(box, list) else [box]
     if reduced and pil.format in DRAFT_FORMATS:
         full_w, full_h = pil.size
-        factor = size / min(box[2], box[3])  # the box's scale in the output
+        factor = size / min(min(b[2], b[3]) for b in boxes)  # the smallest box's scale
         if factor < 1:
             pil.draft("RGB", (math.ceil(full_w * factor), math.ceil(full_h * factor)))
             sx, sy = pil.size[0] / full_w, pil.size[1] / full_h
-            box = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+            boxes = [(b[0] * sx, b[1] * sy, b[2] * sx, b[3] * sy) for b in boxes]
     try:
         pil.load()
     except (OSError, SyntaxError, ValueError) as err:  # truncated or damaged data
         raise DataError(f"an example's image cannot be decoded ({err}); convert the dataset "
                         "again (python -m contrastive_jax.training.data.convert_shards skips "
                         "such members)") from err
-    return (pil if pil.mode in RESIZED_AS_IS else pil.convert("RGB")), box
+    return (pil if pil.mode in RESIZED_AS_IS else pil.convert("RGB")), (
+        boxes if isinstance(box, list) else boxes[0])
 
 
 def center_crop(image, size: int, *, resize: str = "bicubic",
@@ -202,3 +206,27 @@ def random_resized_crop(image, size: int, rng: np.random.Generator, *,
     resized = pil.resize((size, size), RESIZE[check_resize(resize)],
                          box=(left, top, left + w, top + h))
     return np.asarray(resized.convert("RGB"))
+
+
+def random_resized_crops(image, size: int, rng: np.random.Generator, views: int = 2, *,
+                         scale: tuple[float, float] = (0.08, 1.0),
+                         ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                         resize: str = "bilinear", reduced_decode: bool = False) -> np.ndarray:
+    """``(views, size, size, 3)`` uint8: ``views`` independent random resized crops of one
+    image, decoded once (SimCLR's two views, [SimCLR] Appendix A; torchvision's
+    ``RandomResizedCrop`` run ``views`` times on the decoded image).
+
+    The boxes are :func:`crop_box` draws from ``rng``, one after another, each resized as
+    :func:`random_resized_crop` does, so ``views = 1`` is :func:`random_resized_crop` with the
+    same ``rng``. ``reduced_decode``: the JPEG decoded at the size the smallest box allows.
+    ``resize`` defaults to ``"bilinear"``, torchvision's ``RandomResizedCrop`` default.
+    """
+    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+        raise ConfigError(f"data.preprocess.views must be an integer >= 1; got {views!r}")
+    pil = open_image(image)
+    boxes = [crop_box(*pil.size, rng, scale, ratio) for _ in range(views)]
+    pil, boxes = _decode(pil, boxes, size, reduced_decode)
+    method = RESIZE[check_resize(resize)]
+    return np.stack([np.asarray(pil.resize((size, size), method,
+                                           box=(left, top, left + w, top + h)).convert("RGB"))
+                     for left, top, w, h in boxes])

@@ -47,6 +47,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import clip_loss
 from contrastive_jax.losses.sharded import sharded_clip_loss
 from contrastive_jax.training.augmentations import two_views_each
+from contrastive_jax.training.augmentations.family import check_recipe_input
 from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (
     LossSettings,
@@ -164,6 +165,7 @@ class MoCoV3(Method):
                    schedule_steps=s.schedule_steps or int(config.get("total_steps", 0)))
 
     def check(self, config) -> None:
+        check_recipe_input(config.get("augment"), config.data.get("preprocess"))
         model, loss = config.model, self.loss_settings
         momentum_at(0, self.schedule_steps, self.momentum, self.momentum_schedule)  # T known
         if model.get("name") != "projected_encoder" or not model.get("predictor"):

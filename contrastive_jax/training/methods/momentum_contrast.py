@@ -32,6 +32,7 @@ from contrastive_jax.errors import ConfigError
 from contrastive_jax.losses import moco_infonce
 from contrastive_jax.losses.parts.normalize import l2_normalize
 from contrastive_jax.training.augmentations import augment_each
+from contrastive_jax.training.augmentations.family import check_recipe_input
 from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (
     Method,
@@ -77,7 +78,7 @@ def _view(x, aug_keys, view: int, ctx: MethodContext):
     """View ``view`` of :func:`~contrastive_jax.training.augmentations.two_views_each`, on
     ``[0, 1]`` pixels, then normalised (:mod:`~contrastive_jax.training.augmentations.pixels`)."""
     view = augment_each(unit_range(x), jax.vmap(jax.random.split)(aug_keys)[:, view],
-                        ctx.augment)
+                        ctx.augment, view=view)
     return normalize(view, ctx.pixels)
 
 
@@ -134,6 +135,7 @@ class MoCo(Method):
 
     def check(self, config) -> None:
         check_queue_size(self.queue_size, config.data.batch_size)
+        check_recipe_input(config.get("augment"), config.data.get("preprocess"))
         if not 0.0 <= self.momentum <= 1.0:
             raise ConfigError(f"moco.momentum must lie in [0, 1]; got {self.momentum}")
 

@@ -12,6 +12,7 @@ import math
 import jax.numpy as jnp
 
 from contrastive_jax.training.augmentations import two_views_each
+from contrastive_jax.training.augmentations.family import check_recipe_input
 from contrastive_jax.training.augmentations.pixels import normalize, unit_range
 from contrastive_jax.training.methods.base import (
     Method,
@@ -28,6 +29,11 @@ class SimCLR(Method):
 
     name = "simclr"
     losses = ("nt_xent",)
+
+    def check(self, config) -> None:
+        """An augment recipe's views must be the ones the data block crops
+        (:func:`~contrastive_jax.training.augmentations.family.check_recipe_input`)."""
+        check_recipe_input(config.get("augment"), config.data.get("preprocess"))
 
     def embed(self, model, batch, keys, ctx: MethodContext):
         aug_keys, dropout_keys = example_keys(keys)
