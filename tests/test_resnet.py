@@ -117,7 +117,8 @@ def test_remat_and_bfloat16_compute_the_same_function():
     ({"depth": 42}, r"ResNet depth 42 does not exist; use one of \[18, 34, 50, 101, 152\]"),
     ({"depth": 50, "width_multiplier": 0}, "width_multiplier must be an int >= 1"),
     ({"depth": 50, "width_multiplier": 1.5}, "width_multiplier must be an int >= 1"),
-    ({"width_multiplier": 2}, "width_multiplier applies to the ImageNet ResNet: set depth"),
+    ({"width_multiplier": 2}, "width_multiplier and stem apply to the ImageNet ResNet: set"),
+    ({"depth": 18, "stem": "tiny"}, r"stem must be one of \['imagenet', 'cifar'\]"),
 ])
 def test_bad_settings_say_what_to_change(settings, message):
     with pytest.raises(ConfigError, match=message):
@@ -135,3 +136,18 @@ def test_an_image_smaller_than_the_total_stride_is_refused_at_the_config_and_the
     model = ResNet(depth=18, rngs=nnx.Rngs(0))
     with pytest.raises(ConfigError, match="images of 16x40 are too small"):
         model(jnp.ones((1, 16, 40, 3)), train=False)
+
+
+def test_the_cifar_stem_keeps_32_pixel_images_at_4x4_in_the_last_stage():
+    """SimCLR's CIFAR ResNet ([SimCLR] Appendix B.9): a 3x3 stride-1 stem, no max pool, so
+    total stride 8; the rest of the network (and its parameters but the stem's) unchanged."""
+    cifar = ResNet(depth=18, stem="cifar", rngs=nnx.Rngs(0))
+    assert cifar.stem.kernel.shape == (3, 3, 3, 64)
+    assert (parameter_count(depth=18) - parameter_count(depth=18, stem="cifar")
+            == (7 * 7 - 3 * 3) * 3 * 64)
+    h = nnx.relu(cifar.stem_norm(cifar.stem(jnp.ones((1, 32, 32, 3))), use_running_average=True))
+    for block in cifar.blocks:
+        h = block(h, train=False)
+    assert h.shape == (1, 4, 4, 512)
+    assert ResNet.input_shape(with_defaults({"name": "resnet", "depth": 18, "stem": "cifar"}),
+                              8) == (8, 8, 3)

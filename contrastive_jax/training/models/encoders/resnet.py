@@ -14,6 +14,8 @@ Two layouts, chosen by ``depth``:
   one side only), so given torchvision's weights the pooled features equal torchvision's
   ``resnet{depth}`` with ``fc = Identity`` (tests/test_resnet_torchvision.py: float64 and
   float32).
+  ``stem="cifar"``: SimCLR's CIFAR-10 variant ([SimCLR] Appendix B.9): a 3x3 stride-1 stem
+  convolution and no max pool, total stride 8, for 32 x 32 images.
 - ``depth=None``: a small ResNet for 8x8 digits or CIFAR-sized images: a 3x3 stride-1 stem
   without pooling, ``len(widths)`` stages of ``blocks_per_stage`` basic blocks.
 
@@ -53,6 +55,7 @@ DEPTHS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
 STAGE_WIDTHS = (64, 128, 256, 512)
 BOTTLENECK_EXPANSION = 4
 TOTAL_STRIDE = 32  # stem 2, max pool 2, stages 2-4 2 each
+STEMS = {"imagenet": TOTAL_STRIDE, "cifar": TOTAL_STRIDE // 4}  # stem -> total stride
 
 
 def _norm(channels: int, dtype, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
@@ -165,23 +168,27 @@ class ResNet(nnx.Module):
         if not image_size:
             raise ConfigError("a ResNet takes images of any size: set data.preprocess.image_size "
                               "to the size the data gives it")
-        if settings.get("depth") is not None and image_size < TOTAL_STRIDE:
+        stride = STEMS.get(settings.get("stem", "imagenet"), TOTAL_STRIDE)
+        if settings.get("depth") is not None and image_size < stride:
             raise ConfigError(f"a ResNet-{settings['depth']} strides its input by "
-                              f"{TOTAL_STRIDE}: data.preprocess.image_size = {image_size} is "
-                              f"too small; use images of at least {TOTAL_STRIDE} pixels")
+                              f"{stride}: data.preprocess.image_size = {image_size} is "
+                              f"too small; use images of at least {stride} pixels")
         return (image_size, image_size, settings.get("in_channels", 3))
 
     def __init__(self, *, depth: int | None = None, width_multiplier: int = 1,
-                 in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
+                 stem: str = "imagenet", in_channels: int = 3,
+                 widths: Sequence[int] = (32, 64, 128),
                  blocks_per_stage: int = 1, features: int | None = None,
                  zero_init_residual: bool = False, dtype=None,
                  remat_policy: str | None = None, rngs: nnx.Rngs):
-        self.in_channels, self.depth = in_channels, depth
+        if stem not in STEMS:
+            raise ConfigError(f"ResNet stem must be one of {list(STEMS)}; got {stem!r}")
+        self.in_channels, self.depth, self.stem_kind = in_channels, depth, stem
         self.remat_policy = remat_policy
         if depth is None:
-            if width_multiplier != 1:
-                raise ConfigError("width_multiplier applies to the ImageNet ResNet: set depth "
-                                  f"(one of {sorted(DEPTHS)}) or scale widths instead")
+            if width_multiplier != 1 or stem != "imagenet":
+                raise ConfigError("width_multiplier and stem apply to the ImageNet ResNet: set "
+                                  f"depth (one of {sorted(DEPTHS)}) or scale widths instead")
             self._small(widths, blocks_per_stage, zero_init_residual, dtype, rngs)
         else:
             self._imagenet(check_depth(depth), check_width_multiplier(width_multiplier),
@@ -209,7 +216,9 @@ class ResNet(nnx.Module):
     def _imagenet(self, depth, multiplier, zero_init_residual, dtype, rngs):
         kind, counts = DEPTHS[depth]
         width = 64 * multiplier
-        self.stem = _conv(self.in_channels, width, 7, 2, "torch", dtype, rngs)
+        self.stem = (_conv(self.in_channels, width, 7, 2, "torch", dtype, rngs)
+                     if self.stem_kind == "imagenet" else
+                     _conv(self.in_channels, width, 3, 1, "torch", dtype, rngs))
         self.stem_norm = _norm(width, dtype, rngs)
         blocks = []
         for stage, (base, count) in enumerate(zip(STAGE_WIDTHS, counts, strict=True)):
@@ -231,12 +240,13 @@ class ResNet(nnx.Module):
         if x.ndim != 4 or x.shape[-1] != self.in_channels:
             raise ConfigError(f"ResNet expects (batch, height, width, {self.in_channels}) "
                               f"images; got shape {x.shape}")
-        if self.depth is not None and min(x.shape[1:3]) < TOTAL_STRIDE:
-            raise ConfigError(f"a ResNet-{self.depth} strides its input by {TOTAL_STRIDE}: "
+        stride = STEMS[self.stem_kind]
+        if self.depth is not None and min(x.shape[1:3]) < stride:
+            raise ConfigError(f"a ResNet-{self.depth} strides its input by {stride}: "
                               f"images of {x.shape[1]}x{x.shape[2]} are too small; use at "
-                              f"least {TOTAL_STRIDE} pixels each way")
+                              f"least {stride} pixels each way")
         x = nnx.relu(self.stem_norm(self.stem(x), use_running_average=not train))
-        if self.depth is not None:
+        if self.depth is not None and self.stem_kind == "imagenet":
             x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
 
         def block_fn(block, x):
