@@ -28,7 +28,7 @@ protocol; ours is CLIP's L-BFGS on centre crops, docs/evaluation.md).
 fixes 2D sin-cos ones) and weight decay applies to kernels and embeddings only (the code's
 AdamW decays every parameter but those it lists). Stated in docs/training.md.
 
-**Steps**: ``ceil(epochs * 1,281,167 / batch)``: 93,834 at 300 epochs and batch 4096; the
+**Steps**: ``ceil(epochs * 1,281,167 / batch)``: 93,836 at 300 epochs and batch 4096; the
 momentum schedule spans them (``moco_v3.schedule_steps = 0``: ``total_steps``).
 
 Variants: ``epochs`` (300), ``batch`` (4096), ``momentum`` (0.99: m at step 0),

@@ -89,13 +89,7 @@ def example_shapes(config) -> dict[str, tuple[tuple[int, ...], str]]:
     Dual encoders add ``text_key``: the text tower's ``input_shape``, int32.
     A ``loss.positive_ids`` feature is ``()`` int32.
     """
-    from contrastive_jax.training.models import ENCODERS, with_defaults
-
-    def declared(block, image_size=None) -> tuple[int, ...]:
-        block = with_defaults(block)
-        if block.get("name") not in ENCODERS:
-            raise ConfigError(f"unknown encoder {block.get('name')!r}; valid: {sorted(ENCODERS)}")
-        return tuple(ENCODERS[block["name"]].input_shape(block, image_size))
+    from contrastive_jax.training.models import encoder_input_shape as declared
 
     model = config.model
     preprocess = config.data.get("preprocess") or {}

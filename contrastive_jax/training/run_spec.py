@@ -39,8 +39,10 @@ from jax.sharding import Mesh
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.mesh import DATA_AXIS, check_divisible, make_mesh
 from contrastive_jax.training.data import open_split
+from contrastive_jax.training.data.example_preprocessing import decodes_images
 from contrastive_jax.training.evaluation.evaluators import Evaluator, selected
 from contrastive_jax.training.methods import Method, method_for
+from contrastive_jax.training.models import encoder_input_shape
 from contrastive_jax.training.models.converters.pretrained_source import (
     PretrainedSource,
     checkpoint_steps,
@@ -93,6 +95,11 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     resuming = workdir is not None and bool(checkpoint_steps(workdir_path(workdir)))
     sources = () if resuming else tuple(read_source(spec.path) for spec in specs)
     config, messages = source_pixels(config, recorded, None if resuming else sources)
+    preprocess = config.data.get("preprocess") or {}
+    if decodes_images(preprocess):  # images the encoder cannot take: said before any work
+        model = config.model
+        encoder_input_shape(model.get("sample_encoder") or model.get("encoder"),
+                            preprocess.get("image_size"))
     evaluators = selected(config) if config.evaluation.enabled else ()
     mesh = make_mesh(dict(config.get("mesh", {"data": -1}))) if mesh is None else mesh
     accumulation = check_batch(config, mesh)

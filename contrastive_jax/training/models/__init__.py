@@ -328,6 +328,18 @@ def _defaults(cls, skip: tuple[str, ...] = ()) -> dict[str, Any]:
             and name not in ("self", "rngs", *_FROM_MODEL, *skip)}
 
 
+def encoder_input_shape(block: Mapping[str, Any], image_size: int | None = None
+                        ) -> tuple[int, ...]:
+    """One example's input of an encoder block: its class's ``input_shape`` (the encoder
+    protocol, docs/architecture.md; ``image_size``: the data's, for an encoder that takes any
+    size, such as a ResNet). A :class:`ConfigError` for an unknown encoder or an input it
+    cannot take (a ResNet-50 on images smaller than its total stride)."""
+    block = with_defaults(block)
+    if block.get("name") not in ENCODERS:
+        raise ConfigError(f"unknown encoder {block.get('name')!r}; valid: {sorted(ENCODERS)}")
+    return tuple(ENCODERS[block["name"]].input_shape(block, image_size))
+
+
 def with_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a ``model`` block or an encoder block with every setting left out written
     with the value its constructor takes by default (nested encoder blocks too), so that two
@@ -365,5 +377,5 @@ __all__ = ["DEPRECATED_MODEL_NAMES", "ENCODERS", "MODELS", "MODEL_WIDE_DEFAULTS"
            "MOVED_TO_METHODS", "TRAINING_SETTINGS", "WRITTEN_TOWER_DEFAULTS", "DualEncoder",
            "MLPEncoder", "ProjectedEncoder", "ProjectionHead", "ResNet", "SignalCNN",
            "TextTransformer", "ViT", "architecture_block", "build_encoder", "build_model",
-           "model_name", "model_settings", "unwritten_setting_hint", "upgraded_model_block",
-           "with_defaults"]
+           "encoder_input_shape", "model_name", "model_settings", "unwritten_setting_hint",
+           "upgraded_model_block", "with_defaults"]
