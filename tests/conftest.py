@@ -61,3 +61,15 @@ def pytest_configure(config):
         os.environ[name] = str(path)
     jax.config.update("jax_compilation_cache_dir", os.environ["CONTRASTIVE_JAX_COMPILATION_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+
+
+@pytest.fixture(scope="session")
+def mock_imagenet(tmp_path_factory) -> str:
+    """A data dir with the mock ``imagenet2012`` (64 train and 32 validation JPEGs of four
+    classes: ``python -m contrastive_jax.training.data.prepare --mock imagenet2012``), once
+    per test process."""
+    from contrastive_jax.training.data.prepare import main as prepare_main
+
+    data_dir = tmp_path_factory.mktemp("mock_imagenet")
+    assert prepare_main(["--mock", "imagenet2012", f"--data_dir={data_dir}"]) == 0
+    return str(data_dir)

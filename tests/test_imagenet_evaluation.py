@@ -26,7 +26,6 @@ from contrastive_jax.training.data.mock_datasets import (
     IMAGENET_SPLITS,
     imagenet_example,
 )
-from contrastive_jax.training.data.prepare import main as prepare_main
 from contrastive_jax.training.data.sources import open_split, prepared_dir
 from contrastive_jax.training.evaluation.probes import knn_votes, linear_probe_logits
 from contrastive_jax.training.evaluation.task_runner import (
@@ -51,12 +50,6 @@ def reference_knn_votes(train_x, train_y, test_x, k, temperature, classes):
             votes[i, train_y[j]] += np.exp(cos[j] / temperature)
     return votes
 
-
-@pytest.fixture(scope="module")
-def mock_imagenet(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("tfds")
-    assert prepare_main(["--mock", "imagenet2012", f"--data_dir={data_dir}"]) == 0
-    return str(data_dir)
 
 
 def test_mock_imagenet2012_has_the_real_builders_features_and_splits(mock_imagenet):
@@ -213,8 +206,8 @@ def simclr_imagenet_config(data_dir: str):
 
 def representations(workdir, data_dir, split):
     """The workdir's encoder features h by hand: its parameters and BatchNorm statistics,
-    each image's centre crop at IMAGE_SIZE (bilinear: the image preprocessing's), x / 255, the encoder in inference
-    mode; and the labels."""
+    each image's centre crop at IMAGE_SIZE (bilinear: the image preprocessing's), x / 255,
+    the encoder in inference mode; and the labels."""
     from contrastive_jax.pretrained import build_pretrained_model, read_source, with_weights
 
     source = with_weights(read_source(str(workdir)))
