@@ -12,8 +12,8 @@ prepared folder, as the CLIP template reads ``coco_captions``. Training reads ``
 where the crops allow) and cropped twice by the recipe's random resized crop to
 ``image_size`` in the input workers, uint8 to the device (the rest of the recipe runs there:
 :func:`contrastive_jax.training.augmentations.recipe_augment_config`; why, measured:
-docs/benchmarks.md "Two views at 224 px"); evaluation images are the centre crop of the
-shorter side resized to ``image_size`` (bilinear).
+docs/benchmarks.md "Image input for the SimCLR family at 224"); evaluation images are the
+centre crop of the shorter side resized to ``image_size`` (bilinear).
 
 The ``tiny`` variants read the mock copy (``python -m contrastive_jax.training.data.prepare
 --mock imagenet2012 --data_dir=DIR``: 64 train and 32 validation images).
