@@ -28,6 +28,11 @@ protocol; ours is CLIP's L-BFGS on centre crops, docs/evaluation.md).
 fixes 2D sin-cos ones) and weight decay applies to kernels and embeddings only (the code's
 AdamW decays every parameter but those it lists). Stated in docs/training.md.
 
+**Memory** (docs/benchmarks.md "SimCLR and MoCo templates on a pod"): with the scanned ViT the
+step needs accumulation 4 on a v5e-64 and 8 on a v4-32 (BatchNorm then per micro-batch);
+``--config.model.encoder.scan=False`` fits a v5e-64 at one micro-batch (13.78 GiB of 15.75 by
+the TPU compiler), at a longer compile.
+
 **Steps**: ``ceil(epochs * 1,281,167 / batch)``: 93,836 at 300 epochs and batch 4096; the
 momentum schedule spans them (``moco_v3.schedule_steps = 0``: ``total_steps``).
 
