@@ -174,7 +174,8 @@ def test_the_benchmark_tables_are_headed_by_the_provenance(tmp_path, monkeypatch
     monkeypatch.setattr(image_input_bench, "measure", lambda *args, **kwargs: {
         "images_per_s": 100.0, "cpu_s": 1.0, "images_per_cpu_s": 50.0, "bytes_per_image": 1,
         "put_ms": 1.0, "dtype": "uint8"})
-    monkeypatch.setattr(sys, "argv", ["image_input_bench.py", "--data_dir", str(tmp_path),
+    monkeypatch.setattr(sys, "argv", ["image_input_bench.py", "--part", "clip",
+                                      "--data_dir", str(tmp_path),
                                       "--output", str(tmp_path / "image.md")])
     image_input_bench.main()
     _provenance_header((tmp_path / "image.md").read_text(),
