@@ -35,19 +35,24 @@ and the learning rate scales linearly.
 
 Variants: ``epochs`` (200; 800), ``batch`` (256), ``queue`` (65536), ``momentum`` (0.999),
 ``temperature`` (0.2), ``depth`` (50), ``width`` (1), ``res`` (224), ``steps``, ``tiny`` (a small
-ResNet on the mock ``imagenet2012`` at 32 px, batch 16, queue 64, one step: the test suite's).
+ResNet on the mock ``imagenet2012`` at 32 px, batch 16, queue 64, one step: the test suite's),
+``small`` (the recipe at CPU size on the generated ``shapes`` at 32 px: a 16-32-64 ResNet, batch
+256, queue 4,096, m = 0.99 (m = 0.999 averages the key encoder over about 1,000 steps, more than
+the run), 300 steps, linear probe and kNN every 75; experiments/ssl_recipes.py).
 """
 
 import ml_collections
 
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations
 from contrastive_jax.training.config import base_config, model_wide, parse
 from contrastive_jax.training.data import imagenet
+from contrastive_jax.training.data.datasets import shapes
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, epochs=200.0, batch=256, queue=65536, momentum=0.999, temperature=0.2,
-              depth=50, width=1, res=224, steps=0, tiny=False)
+              depth=50, width=1, res=224, steps=0, tiny=False, small=False)
     config = base_config()
     size = 32 if v.tiny else v.res
     config.augment = augmentations.recipe_augment_config("moco_v2", size)
@@ -81,4 +86,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (8, 16),
                                 "features": 16}
         config.model.head = {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}
+    if v.small:  # CPU size: the generated shapes (two-view host crops as above), float32
+        fixed = {"epochs": 200.0, "batch": 256, "queue": 65536, "momentum": 0.999,
+                 "depth": 50, "width": 1, "res": 224}
+        changed = sorted(k for k, default in fixed.items() if v[k] != default)
+        if changed:
+            raise ConfigError(f"the small variant sets {changed} itself; leave them out (or "
+                              "set the fields with --config.FIELD=VALUE)")
+        batch = 256
+        config.augment = augmentations.recipe_augment_config("moco_v2", shapes.SIZE)
+        config.data = imagenet.imagenet_data_config(config.augment, batch, normalize=True)
+        config.data.update({"name": "shapes", "train_split": "train", "eval_split": "test",
+                            "num_threads": 2, "worker_count": 0, "prefetch": 2,
+                            "eval_batch_size": 500})
+        config.total_steps = v.steps or 300
+        config.moco.queue_size = 4096
+        config.moco.momentum = 0.99
+        config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (16, 32, 64),
+                                "blocks_per_stage": 1, "features": 0}
+        config.model.head = {"hidden": 64, "out": 64, "layers": 2, "batch_norm": False}
+        config.model.dtype = "float32"
+        config.optimizer.learning_rate = 0.03 * batch / 256
+        config.evaluation.classification = True  # linear probe and kNN on shapes train/test
+        config.evaluation.tasks = ()
+        config.evaluation.every = 75
+        config.log_every = 10
     return config

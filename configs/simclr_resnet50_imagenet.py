@@ -24,26 +24,30 @@ input workers, the rest of SimCLR's augmentations on the device (Appendix A:
 and ``knn/imagenet2012`` tasks on the encoder's pooled features h (the head dropped): the
 linear one is CLIP's L-BFGS protocol on centre crops, not SimCLR's 90-epoch SGD (docs/
 evaluation.md), the kNN one weighted 20-NN at T = 0.07. The paper's ResNet-50 reaches 64.4%
-linear top-1 at 100 epochs and batch 4096 with tau 0.1, 69.3% at 1000 epochs (Table B.5 /
-Table 6; §B.6's protocol).
+linear top-1 at 100 epochs and batch 4096 with tau 0.1 (Table 5), 69.3% at 1000 epochs
+(Table 6), by its own protocol (§B.6).
 
 Variants: ``epochs`` (100), ``batch`` (4096; the learning rate follows as 0.3 x batch / 256),
 ``width`` (1, 2, 4: ResNet-50 (1x), (2x), (4x)), ``depth`` (50; 18, 34, 101, 152), ``temperature``
 (0.1; the paper's 0.5 is for small batches), ``res`` (224), ``accumulation`` (1),
 ``tiny`` (a small ResNet on the mock ``imagenet2012`` at 32 px, batch 16, one step: the test
-suite's).
+suite's), ``small`` (the recipe at CPU size on the generated ``shapes`` at 32 px: a 16-32-64
+ResNet, batch 256, LARS at 0.075 x sqrt(batch) (§B.1), 300 steps, linear probe and kNN every
+75; experiments/ssl_recipes.py).
 """
 
 import ml_collections
 
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations
 from contrastive_jax.training.config import base_config, model_wide, parse
 from contrastive_jax.training.data import imagenet
+from contrastive_jax.training.data.datasets import shapes
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     v = parse(arg, epochs=100.0, batch=4096, width=1, depth=50, temperature=0.1, res=224,
-              accumulation=1, steps=0, tiny=False)
+              accumulation=1, steps=0, tiny=False, small=False)
     config = base_config()
     size = 32 if v.tiny else v.res
     config.augment = augmentations.recipe_augment_config("simclr", size)  # Appendix A
@@ -91,4 +95,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                 "features": 16}
         config.model.head = {"hidden": 16, "out": 8, "layers": 2}
         config.loss.block_size = 4
+    if v.small:  # CPU size: the generated shapes (two-view host crops as above), float32
+        fixed = {"epochs": 100.0, "batch": 4096, "width": 1, "depth": 50, "res": 224}
+        changed = sorted(k for k, default in fixed.items() if v[k] != default)
+        if changed:
+            raise ConfigError(f"the small variant sets {changed} itself; leave them out (or "
+                              "set the fields with --config.FIELD=VALUE)")
+        batch = 256
+        config.augment = augmentations.recipe_augment_config("simclr", shapes.SIZE)
+        config.data = imagenet.imagenet_data_config(config.augment, batch, normalize=False)
+        config.data.update({"name": "shapes", "train_split": "train", "eval_split": "test",
+                            "num_threads": 2, "worker_count": 0, "prefetch": 2,
+                            "eval_batch_size": 500})
+        config.total_steps = v.steps or 300
+        config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (16, 32, 64),
+                                "blocks_per_stage": 1, "features": 0}
+        config.model.head = {"hidden": 64, "out": 64, "layers": 2}  # h's width, as 2048
+        config.model.dtype = "float32"
+        # square-root scaling, better than linear at small batches with LARS (§B.1)
+        config.optimizer.learning_rate = 0.075 * batch ** 0.5
+        config.optimizer.warmup_steps = max(1, config.total_steps // 10)
+        config.evaluation.classification = True  # linear probe and kNN on shapes train/test
+        config.evaluation.tasks = ()
+        config.evaluation.every = 75
+        config.log_every = 10
     return config

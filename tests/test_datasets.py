@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from contrastive_jax.training.data.datasets import correlated_gaussians, digits, mnist1d
+from contrastive_jax.training.data.datasets import correlated_gaussians, digits, mnist1d, shapes
 from contrastive_jax.training.data.prepare import LOCAL_NAMES, prepare
 from contrastive_jax.training.data.sources import DatasetNotPreparedError, open_split
 from contrastive_jax.training.data.text import captions
@@ -347,3 +347,67 @@ def test_corrupted_record_files_are_one_paragraph_naming_the_fix(tmp_path):
     config = quick(total_steps=6, checkpoint_every=3)
     config.data.data_dir = str(data)
     assert train_and_evaluate(config, str(tmp_path / "again"))["steps"] == 6
+
+
+def test_shapes_splits_are_balanced_deterministic_jpegs_of_the_generator():
+    """``shapes``: 20,000 / 2,000 examples, label ``index mod 10`` (balanced), each example's
+    stored JPEG the generator's image encoded again byte for byte, decoding to it within the
+    JPEG's error; the shape inside the image is the label's (its pixels differ from the
+    background's colour where the shape's mask says)."""
+    for split, n in shapes.SPLITS.items():
+        source = open_split("shapes", split)
+        assert len(source) == n
+        labels = np.array([source[i]["label"] for i in range(n)])
+        np.testing.assert_array_equal(np.bincount(labels), np.full(10, n // 10))
+        encoded = open_split("shapes", split, encoded_images=("image",))
+        for i in (0, 1, 7, n - 1):
+            row, raw = source[i], encoded[i]
+            example = shapes.shapes_example(split, int(row["index"]))
+            assert row["label"] == example["label"] == row["index"] % 10
+            assert bytes(raw["image"]) == shapes.encode_jpeg(example["image"])  # deterministic
+            assert row["image"].shape == (32, 32, 3) and row["image"].dtype == np.uint8
+            error = np.abs(row["image"].astype(int) - example["image"].astype(int))
+            assert error.mean() < 5.0, error.mean()  # JPEG at quality 95, 4:4:4, of noise
+    train, test = (shapes.shapes_example(s, 5)["image"] for s in ("train", "test"))
+    assert not np.array_equal(train, test)  # the splits draw from different seeds
+    names = tfds.builder("shapes").info.features["label"].names
+    assert tuple(names) == shapes.SHAPE_NAMES and len(set(names)) == 10
+
+
+def test_shapes_colour_says_nothing_about_the_class():
+    """The label changes only the shape: the ten images drawn from one generator state, one per
+    label, are equal outside the shape's disc (its radius times ``EXTENT``, plus a pixel); the
+    per-class mean colour of ``shapes[train]`` equals the overall mean within 0.025 (4.4
+    standard errors of a class mean: the per-image mean colour has std 0.25, 2,000 images a
+    class); a linear probe on 64-bin colour histograms scores chance (< 0.13 on test, 10
+    classes)."""
+    from contrastive_jax.training import evaluation
+
+    yy, xx = np.mgrid[:32, :32] + 0.5
+    for seed in range(20):
+        images = np.stack([shapes.shapes_image(label, np.random.default_rng(seed))
+                           for label in range(10)]).astype(int)
+        cx, cy, radius, _, _ = shapes.shape_placement(np.random.default_rng(seed))  # every label's
+        disc = np.hypot(xx - cx, yy - cy) < shapes.EXTENT * radius + 1.0
+        differs = (images != images[:1]).any(axis=(0, 3))
+        assert differs.any() and not (differs & ~disc).any()
+
+    def load(split, n):
+        source = open_split("shapes", split)
+        rows = [source[i] for i in range(n)]
+        return np.stack([r["image"] for r in rows]) / 255.0, np.array([r["label"] for r in rows])
+
+    train_x, train_y = load("train", 20_000)
+    test_x, test_y = load("test", 2_000)
+    means = train_x.mean(axis=(1, 2))
+    per_class = np.stack([means[train_y == c].mean(0) for c in range(10)])
+    assert np.abs(per_class - means.mean(0)).max() < 0.025
+
+    def histogram(x):
+        q = np.minimum((x * 4).astype(int), 3).reshape(len(x), -1, 3)
+        code = q[..., 0] * 16 + q[..., 1] * 4 + q[..., 2]
+        return np.stack([np.bincount(c, minlength=64) for c in code]) / code.shape[1]
+
+    colour = evaluation.linear_probe(histogram(train_x), train_y, histogram(test_x), test_y,
+                                     l2_grid=(1e-4,))["accuracy"]
+    assert colour < 0.13, colour

@@ -1,8 +1,8 @@
 """Build the package's own datasets into a TFDS data dir, once, offline.
 
-``mnist1d``, ``digits`` and ``digit_captions/{mnist1d,digits,canvas}`` are TFDS builders whose data
-are generated or shipped by a package, so preparing them needs no network. They are written
-as array_record files (random access, no TensorFlow needed to write or read) into
+``mnist1d``, ``digits``, ``digit_captions/{mnist1d,digits,canvas}`` and ``shapes`` are TFDS
+builders whose data are generated or shipped by a package, so preparing them needs no network.
+They are written as array_record files (random access, no TensorFlow needed to write or read) into
 ``data_dir/<name>/<version>/`` and reused afterwards.
 
 Building is idempotent (a prepared dataset is left untouched) and safe to interrupt: TFDS
@@ -14,7 +14,7 @@ interrupted build leaves only such a folder, which the next build removes. A loc
 Command line (the command named by the "not prepared" errors)::
 
     python -m contrastive_jax.training.data.prepare mnist1d digits digit_captions/mnist1d \\
-        [--data_dir=DIR]
+        shapes [--data_dir=DIR]
     python -m contrastive_jax.training.data.prepare --mock coco_captions [--data_dir=DIR]
     python -m contrastive_jax.training.data.prepare --mock imagenet2012 [--data_dir=DIR]
 
@@ -48,15 +48,16 @@ from contrastive_jax import command_line
 
 # Importing the modules registers the builders with TFDS.
 from contrastive_jax.errors import ConfigError, DataError
-from contrastive_jax.training.data.datasets import digit_captions, digits, mnist1d
+from contrastive_jax.training.data.datasets import digit_captions, digits, mnist1d, shapes
 
 LOCAL_DATASETS = {
     "mnist1d": mnist1d.Mnist1d,
     "digits": digits.Digits,
     "digit_captions": digit_captions.DigitCaptions,
+    "shapes": shapes.Shapes,
 }
 LOCAL_NAMES = ("mnist1d", "digits", "digit_captions/mnist1d", "digit_captions/digits",
-               "digit_captions/canvas")
+               "digit_captions/canvas", "shapes")
 DATA_DIR_ENV = "CONTRASTIVE_JAX_DATA_DIR"
 
 
