@@ -23,11 +23,16 @@ scale 0.2-1, jitter 0.4/0.4/0.4/0.1 with p 0.8, grayscale 0.2, blur p 0.5); pixe
 normalised with ImageNet's mean and std. The paper reports 67.5% linear top-1 at 200 epochs
 and 71.1% at 800 (its SGD protocol; ours is CLIP's L-BFGS on centre crops, docs/evaluation.md).
 
-**What differs from the papers' code**: BatchNorm runs over the global batch of each
-forward pass (MoCo's "shuffling BN" shuffles the keys' batch across GPUs so a per-GPU
-BatchNorm cannot leak which key is the positive; one global BatchNorm over the whole batch
-has nothing per-device to leak, as MoCo v3's SyncBN); weight decay applies to kernels only
-(PyTorch's SGD decays every parameter). Both are stated in docs/training.md.
+**Shuffling BN** ([MoCo] §3.3): MoCo ran 8 GPUs of 32 examples, each GPU's BatchNorm over its
+own 32, and shuffled the keys' batch across GPUs so that a query and its positive key never share
+a BatchNorm's statistics (the queue's keys, from other batches, never did: with shared
+statistics the model cheats). The template does the same on any mesh: ``bn_groups = batch /
+32`` (every BatchNorm of the ResNet normalises groups of 32 consecutive examples,
+:mod:`contrastive_jax.training.models.encoders.ghost_batch_norm`) and the MoCo method
+shuffles view 2 before the key encoder and puts its keys back.
+
+**What differs from the papers' code**: weight decay applies to kernels only (PyTorch's SGD
+decays every parameter); stated in docs/training.md.
 
 **Steps**: ``ceil(epochs * 1,281,167 / batch)``: 1,000,912 at 200 epochs and batch 256.
 At batch ``256 x n`` the queue stays 65,536 (a multiple of every power-of-two batch up to it)
@@ -35,7 +40,8 @@ and the learning rate scales linearly.
 
 Variants: ``epochs`` (200; 800), ``batch`` (256), ``queue`` (65536), ``momentum`` (0.999),
 ``temperature`` (0.2), ``depth`` (50), ``width`` (1), ``res`` (224), ``steps``, ``tiny`` (a small
-ResNet on the mock ``imagenet2012`` at 32 px, batch 16, queue 64, one step: the test suite's),
+ResNet on the mock ``imagenet2012`` at 32 px, batch 16 in 2 BatchNorm groups, queue 64, one
+step: the test suite's),
 ``small`` (the recipe at CPU size on the generated ``shapes`` at 32 px: a 16-32-64 ResNet, batch
 256, queue 4,096, m = 0.99 (m = 0.999 averages the key encoder over about 1,000 steps, more than
 the run), 300 steps, linear probe and kNN every 75; experiments/ssl_recipes.py).
@@ -48,6 +54,8 @@ from contrastive_jax.training import augmentations
 from contrastive_jax.training.config import base_config, model_wide, parse
 from contrastive_jax.training.data import imagenet
 from contrastive_jax.training.data.datasets import shapes
+
+BN_GROUP = 32  # examples per BatchNorm: MoCo's per GPU (8 GPUs, batch 256)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -64,7 +72,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "name": "projected_encoder",
         "encoder": {"name": "resnet", "depth": v.depth, "width_multiplier": v.width,
                     "stem": "imagenet", "in_channels": 3, "features": 0,
-                    "zero_init_residual": False},
+                    "zero_init_residual": False,
+                    # MoCo's per-GPU BatchNorm: groups of 32, the keys shuffled ([MoCo] §3.3)
+                    "bn_groups": max(1, v.batch // BN_GROUP)},
         # MoCo v2's MLP head: fc 2048 -> ReLU -> fc 128 ([MoCoV2] §2), no BatchNorm
         "head": {"hidden": 2048 * v.width, "out": 128, "layers": 2, "batch_norm": False},
         **model_wide(dtype="bfloat16", remat=False),
@@ -84,7 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.total_steps = v.steps or 1
         config.log_every = 1
         config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (8, 16),
-                                "features": 16}
+                                "features": 16, "bn_groups": 2}  # groups of 8, shuffled
         config.model.head = {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}
     if v.small:  # CPU size: the generated shapes (two-view host crops as above), float32
         fixed = {"epochs": 200.0, "batch": 256, "queue": 65536, "momentum": 0.999,
@@ -103,7 +113,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.moco.queue_size = 4096
         config.moco.momentum = 0.99
         config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (16, 32, 64),
-                                "blocks_per_stage": 1, "features": 0}
+                                "blocks_per_stage": 1, "features": 0,
+                                "bn_groups": batch // BN_GROUP}
         config.model.head = {"hidden": 64, "out": 64, "layers": 2, "batch_norm": False}
         config.model.dtype = "float32"
         config.optimizer.learning_rate = 0.03 * batch / 256

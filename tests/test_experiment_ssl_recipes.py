@@ -18,6 +18,7 @@ from common.reporting import load_config, read_csv, read_report
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import evaluation
 from contrastive_jax.training.data.sources import open_split
+from contrastive_jax.training.methods import method_for
 from contrastive_jax.training.models import architecture_block, build_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,9 +54,10 @@ def test_small_variants_are_the_recipes_at_cpu_size():
         assert config.data.preprocess.image_size == 32 and config.data.preprocess.views == 2
         assert tuple(config.data.preprocess.crop_scale) == tuple(config.augment.crop_scale)
         assert config.model.dtype == "float32"
+        groups = {"bn_groups": 8} if recipe == "moco_v2" else {}  # MoCo's 32 a BatchNorm
         assert config.model.encoder.to_dict() == {
             "name": "resnet", "in_channels": 3, "widths": (16, 32, 64), "blocks_per_stage": 1,
-            "features": 0}
+            "features": 0, **groups}
         assert config.evaluation.classification and config.evaluation.tasks == ()
         assert config.evaluation.every == 75
     assert simclr.total_steps == 300 and moco.total_steps == 40
@@ -66,6 +68,9 @@ def test_small_variants_are_the_recipes_at_cpu_size():
     assert simclr.loss.temperature == 0.1 and simclr.model.head.hidden == 64
     assert moco.optimizer.name == "sgd" and moco.optimizer.learning_rate == pytest.approx(0.03)
     assert (moco.moco.queue_size, moco.moco.momentum) == (4096, 0.99)
+    assert method_for(moco).shuffle_keys  # [MoCo] §3.3's shuffled BatchNorm
+    moco.model.encoder.bn_groups = 1  # one BatchNorm over the batch: nothing to shuffle
+    assert not method_for(moco).shuffle_keys
     assert tuple(moco.data.preprocess.mean) == (0.485, 0.456, 0.406)
     # the model the small encoder builds: the pooled 64 features, no final layer
     model = build_model(architecture_block(simclr.model), nnx.Rngs(0))

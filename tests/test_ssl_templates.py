@@ -65,7 +65,8 @@ def test_simclr_template_is_the_papers_recipe():
 def test_moco_v2_template_is_the_papers_recipe():
     """[MoCoV2] / [MoCo] §3.3: ResNet-50, batch 256, queue 65,536, m 0.999, tau 0.2, SGD at
     0.03 with momentum 0.9 and weight decay 1e-4, no warm-up, 200 epochs, MLP head without
-    BatchNorm, crops of 20-100%, ImageNet's mean and std."""
+    BatchNorm, crops of 20-100%, ImageNet's mean and std, BatchNorm over groups of 32 with
+    the keys shuffled."""
     c = load_config("moco_v2_resnet50_imagenet.py")
     assert c.total_steps == math.ceil(200 * 1_281_167 / 256) == 1_000_912
     assert (c.moco.queue_size, c.moco.momentum, c.loss.temperature) == (65_536, 0.999, 0.2)
@@ -78,6 +79,8 @@ def test_moco_v2_template_is_the_papers_recipe():
     assert parameters(c, "encoder") == 23_508_032
     big = load_config("moco_v2_resnet50_imagenet.py:batch=1024")
     assert big.optimizer.learning_rate == 0.12 and big.moco.queue_size % 1024 == 0
+    # shuffled BatchNorm over MoCo's 32 examples a GPU: 8 groups at 256, 32 at 1024
+    assert (c.model.encoder.bn_groups, big.model.encoder.bn_groups) == (8, 32)
 
 
 def test_moco_v3_template_is_the_papers_recipe():

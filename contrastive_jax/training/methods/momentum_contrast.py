@@ -14,6 +14,15 @@ The method's settings are the config's ``moco`` block (:class:`MoCoSettings`)::
 (before, ``model.momentum`` and ``model.queue_size``: now a :class:`ConfigError` naming the new
 key; a workdir recorded with them resumes,
 :func:`contrastive_jax.training.run.workdir.config_record.upgrade`).
+
+**Shuffling BN** ([MoCo] §3.3): with a ResNet whose BatchNorm runs over groups of the batch
+(``model.encoder.bn_groups = G > 1``,
+:mod:`~contrastive_jax.training.models.encoders.ghost_batch_norm`: MoCo's per-GPU BatchNorm),
+the key encoder sees view 2 in a shuffled order
+(:func:`shuffled_order`) and its keys are put back in order, so a query and its positive key
+are normalised by different groups' statistics and cannot be matched by them; the queue's keys,
+from earlier batches, never shared them. With ``G = 1`` (one BatchNorm over the batch) nothing
+is shuffled.
 """
 
 from __future__ import annotations
@@ -82,6 +91,17 @@ def _view(x, aug_keys, view: int, ctx: MethodContext):
     return normalize(view, ctx.pixels)
 
 
+def shuffled_order(keys: jax.Array) -> jax.Array:
+    """A permutation of the batch drawn from the examples' step keys ``(B,)``: the order of one
+    random 32-bit word per example (``fold_in(key, SHUFFLE_SALT)``), so it depends on the
+    examples only, not on how the batch is split over devices."""
+    words = jax.vmap(lambda key: jax.random.bits(jax.random.fold_in(key, SHUFFLE_SALT)))(keys)
+    return jnp.argsort(words, stable=True)
+
+
+SHUFFLE_SALT = 0x5EED  # keeps the shuffle's words apart from the examples' other draws
+
+
 @dataclasses.dataclass(frozen=True)
 class MoCoSettings:
     """The ``moco`` block of a config: the key encoder's EMA ``momentum`` m in [0, 1] and the
@@ -116,6 +136,7 @@ class MoCo(Method):
     momentum: float = 0.99
     queue_size: int = 4096
     seed: int = 0  # the queue's initialisation draws from key(seed + 1)
+    shuffle_keys: bool = False  # the encoder's BatchNorm runs over groups: shuffle the keys
     name: ClassVar[str] = "moco"
     losses: ClassVar[tuple[str, ...]] = ("moco",)
     settings_block: ClassVar[str] = "moco"
@@ -130,8 +151,10 @@ class MoCo(Method):
             raise ConfigError("; ".join(f"model.{k} is a setting of MoCo now: set "
                                         f"config.moco.{k} instead" for k in moved))
         settings = MoCoSettings.from_block(config.get(cls.settings_block))
+        bn_groups = config.get("model", {}).get("encoder", {}).get("bn_groups", 1)
         return cls(loss_settings=loss_settings, momentum=settings.momentum,
-                   queue_size=settings.queue_size, seed=config.seed)
+                   queue_size=settings.queue_size, seed=config.seed,
+                   shuffle_keys=bn_groups != 1)
 
     def check(self, config) -> None:
         check_queue_size(self.queue_size, config.data.batch_size)
@@ -149,11 +172,19 @@ class MoCo(Method):
         }
 
     def targets(self, batch, keys, extra, ctx: MethodContext):
-        """The momentum encoder's keys of view 2 (no gradient); its BatchNorm state moves."""
+        """The momentum encoder's keys of view 2 (no gradient); its BatchNorm state moves.
+        ``shuffle_keys`` (the encoder's ``bn_groups > 1``): view 2 enters the key encoder in
+        the order :func:`shuffled_order` and its keys are put back, so a query and its key are
+        normalised with different groups' statistics ([MoCo] §3.3, "Shuffling BN")."""
         aug_keys, dropout_keys = example_keys(keys)
         v2 = _view(batch[ctx.input_key], aug_keys, 1, ctx)
         key_model = nnx.merge(ctx.graphdef, extra["key_params"], extra["key_rest"], copy=True)
-        k, _ = key_model(v2, train=True, dropout_keys=dropout_keys)
+        if self.shuffle_keys:
+            order = shuffled_order(keys)
+            k, _ = key_model(v2[order], train=True, dropout_keys=dropout_keys[order])
+            k = k[jnp.argsort(order)]
+        else:
+            k, _ = key_model(v2, train=True, dropout_keys=dropout_keys)
         return ({"keys": jax.lax.stop_gradient(k)},
                 {**extra, "key_rest": nnx.state(key_model, nnx.Not(nnx.Param))})
 

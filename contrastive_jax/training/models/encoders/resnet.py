@@ -25,7 +25,10 @@ keeps the pooled features (``512 w`` basic, ``2048 w`` bottleneck), SimCLR's rep
 starts as the identity (Goyal et al. 2017, torchvision's ``zero_init_residual``; SimCLR and
 MoCo's code do not use it, so the templates leave it off). Compute in ``dtype``
 (:mod:`..precision`; BatchNorm's statistics are float32); ``remat_policy``: every residual
-block rematerialised (:mod:`..remat`), BatchNorm statistics updated once.
+block rematerialised (:mod:`..remat`), BatchNorm statistics updated once. ``bn_groups = G``:
+every BatchNorm normalises each of ``G`` consecutive groups of a training batch by its own
+statistics (:mod:`.ghost_batch_norm`: MoCo v1/v2's per-GPU BatchNorm on any number of
+devices); 1 (the default): over the whole global batch.
 
 References:
   [ResNet] K. He, X. Zhang, S. Ren, J. Sun, 2016; [SimCLR] Appendix B.9 (wider ResNets);
@@ -42,6 +45,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.training.models.encoders.ghost_batch_norm import (
+    GhostBatchNorm,
+    check_groups,
+)
 from contrastive_jax.training.models.remat import checkpointed
 
 DEPTHS: dict[int, tuple[str, tuple[int, int, int, int]]] = {
@@ -58,11 +65,13 @@ TOTAL_STRIDE = 32  # stem 2, max pool 2, stages 2-4 2 each
 STEMS = {"imagenet": TOTAL_STRIDE, "cifar": TOTAL_STRIDE // 4}  # stem -> total stride
 
 
-def _norm(channels: int, dtype, rngs: nnx.Rngs, zero: bool = False) -> nnx.BatchNorm:
-    """BatchNorm as torchvision's (eps 1e-5, running averages moved by 0.1 per step)."""
-    return nnx.BatchNorm(channels, momentum=0.9, epsilon=1e-5, dtype=dtype, rngs=rngs,
-                         scale_init=nnx.initializers.zeros if zero else
-                         nnx.initializers.ones)
+def _norm(channels: int, dtype, rngs: nnx.Rngs, zero: bool = False,
+          groups: int = 1) -> GhostBatchNorm:
+    """BatchNorm as torchvision's (eps 1e-5, running averages moved by 0.1 per step), over
+    ``groups`` groups of the batch (:mod:`.ghost_batch_norm`; 1: the whole batch)."""
+    return GhostBatchNorm(channels, groups=groups, momentum=0.9, epsilon=1e-5, dtype=dtype,
+                          rngs=rngs, scale_init=nnx.initializers.zeros if zero else
+                          nnx.initializers.ones)
 
 
 def _conv(cin: int, cout: int, size: int, stride: int, padding, dtype,
@@ -85,15 +94,17 @@ class BasicBlock(nnx.Module):
     expansion = 1
 
     def __init__(self, in_channels: int, channels: int, stride: int, *, padding="SAME",
-                 zero_init_residual: bool = False, dtype=None, rngs: nnx.Rngs):
+                 zero_init_residual: bool = False, bn_groups: int = 1, dtype=None,
+                 rngs: nnx.Rngs):
         self.conv1 = _conv(in_channels, channels, 3, stride, padding, dtype, rngs)
-        self.norm1 = _norm(channels, dtype, rngs)
+        self.norm1 = _norm(channels, dtype, rngs, groups=bn_groups)
         self.conv2 = _conv(channels, channels, 3, 1, padding, dtype, rngs)
-        self.norm2 = _norm(channels, dtype, rngs, zero=zero_init_residual)
+        self.norm2 = _norm(channels, dtype, rngs, zero=zero_init_residual,
+                           groups=bn_groups)
         shortcut = stride != 1 or in_channels != channels
         self.project = _conv(in_channels, channels, 1, stride, "VALID", dtype,
                              rngs) if shortcut else None
-        self.project_norm = _norm(channels, dtype, rngs) if shortcut else None
+        self.project_norm = _norm(channels, dtype, rngs, groups=bn_groups) if shortcut else None
 
     def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
         h = nnx.relu(self.norm1(self.conv1(x), use_running_average=not train))
@@ -113,18 +124,19 @@ class Bottleneck(nnx.Module):
     expansion = BOTTLENECK_EXPANSION
 
     def __init__(self, in_channels: int, width: int, stride: int, *,
-                 zero_init_residual: bool = False, dtype=None, rngs: nnx.Rngs):
+                 zero_init_residual: bool = False, bn_groups: int = 1, dtype=None,
+                 rngs: nnx.Rngs):
         out = width * self.expansion
         self.conv1 = _conv(in_channels, width, 1, 1, "VALID", dtype, rngs)
-        self.norm1 = _norm(width, dtype, rngs)
+        self.norm1 = _norm(width, dtype, rngs, groups=bn_groups)
         self.conv2 = _conv(width, width, 3, stride, "torch", dtype, rngs)
-        self.norm2 = _norm(width, dtype, rngs)
+        self.norm2 = _norm(width, dtype, rngs, groups=bn_groups)
         self.conv3 = _conv(width, out, 1, 1, "VALID", dtype, rngs)
-        self.norm3 = _norm(out, dtype, rngs, zero=zero_init_residual)
+        self.norm3 = _norm(out, dtype, rngs, zero=zero_init_residual, groups=bn_groups)
         shortcut = stride != 1 or in_channels != out
         self.project = _conv(in_channels, out, 1, stride, "VALID", dtype,
                              rngs) if shortcut else None
-        self.project_norm = _norm(out, dtype, rngs) if shortcut else None
+        self.project_norm = _norm(out, dtype, rngs, groups=bn_groups) if shortcut else None
 
     def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
         h = nnx.relu(self.norm1(self.conv1(x), use_running_average=not train))
@@ -179,11 +191,12 @@ class ResNet(nnx.Module):
                  stem: str = "imagenet", in_channels: int = 3,
                  widths: Sequence[int] = (32, 64, 128),
                  blocks_per_stage: int = 1, features: int | None = None,
-                 zero_init_residual: bool = False, dtype=None,
+                 zero_init_residual: bool = False, bn_groups: int = 1, dtype=None,
                  remat_policy: str | None = None, rngs: nnx.Rngs):
         if stem not in STEMS:
             raise ConfigError(f"ResNet stem must be one of {list(STEMS)}; got {stem!r}")
         self.in_channels, self.depth, self.stem_kind = in_channels, depth, stem
+        self.bn_groups = check_groups(bn_groups)
         self.remat_policy = remat_policy
         if depth is None:
             if width_multiplier != 1 or stem != "imagenet":
@@ -202,13 +215,13 @@ class ResNet(nnx.Module):
     def _small(self, widths, blocks_per_stage, zero_init_residual, dtype, rngs):
         self.stem = nnx.Conv(self.in_channels, widths[0], (3, 3), use_bias=False, dtype=dtype,
                              rngs=rngs)
-        self.stem_norm = _norm(widths[0], dtype, rngs)
+        self.stem_norm = _norm(widths[0], dtype, rngs, groups=self.bn_groups)
         blocks, width = [], widths[0]
         for stage, w in enumerate(widths):
             for b in range(blocks_per_stage):
                 stride = 2 if stage > 0 and b == 0 else 1
                 blocks.append(BasicBlock(width, w, stride, zero_init_residual=zero_init_residual,
-                                         dtype=dtype, rngs=rngs))
+                                         bn_groups=self.bn_groups, dtype=dtype, rngs=rngs))
                 width = w
         self.blocks = nnx.List(blocks)
         self.pooled_features = width
@@ -219,7 +232,7 @@ class ResNet(nnx.Module):
         self.stem = (_conv(self.in_channels, width, 7, 2, "torch", dtype, rngs)
                      if self.stem_kind == "imagenet" else
                      _conv(self.in_channels, width, 3, 1, "torch", dtype, rngs))
-        self.stem_norm = _norm(width, dtype, rngs)
+        self.stem_norm = _norm(width, dtype, rngs, groups=self.bn_groups)
         blocks = []
         for stage, (base, count) in enumerate(zip(STAGE_WIDTHS, counts, strict=True)):
             w = base * multiplier
@@ -227,10 +240,12 @@ class ResNet(nnx.Module):
                 stride = 2 if stage > 0 and b == 0 else 1
                 if kind == "basic":
                     block = BasicBlock(width, w, stride, padding="torch", dtype=dtype,
-                                       zero_init_residual=zero_init_residual, rngs=rngs)
+                                       zero_init_residual=zero_init_residual,
+                                       bn_groups=self.bn_groups, rngs=rngs)
                 else:
                     block = Bottleneck(width, w, stride, dtype=dtype,
-                                       zero_init_residual=zero_init_residual, rngs=rngs)
+                                       zero_init_residual=zero_init_residual,
+                                       bn_groups=self.bn_groups, rngs=rngs)
                 blocks.append(block)
                 width = w * block.expansion
         self.blocks = nnx.List(blocks)
