@@ -399,3 +399,31 @@ def test_a_resumed_run_takes_the_recorded_mean_and_std_without_reading_the_path(
     # another init_from: the record says nothing about it
     config.model.init_from = {"path": str(tmp_path / "other")}
     assert source_pixels(config, recorded) == (config, [])
+
+
+def test_an_error_after_the_workers_started_stops_them(tmp_path, monkeypatch):
+    """A run that fails once its input worker processes are running (here a ConfigError raised
+    after the first batch) stops them before the error reaches the caller, even while something
+    still holds the iterator (a traceback's frames do), instead of leaving them, and their
+    shared memory, to interpreter exit."""
+    import multiprocessing
+
+    from test_train import load_config
+
+    from contrastive_jax.training import train
+
+    taken, streams = [], []
+
+    def fail_after_one_batch(run, *args, **kwargs):
+        streams.append(run.stream)  # held, as the frames of an error's traceback hold it
+        taken.append(next(run.stream))
+        assert multiprocessing.active_children()  # the worker is running
+        raise ConfigError("late error")
+
+    monkeypatch.setattr(train, "_loop", fail_after_one_batch)
+    config = load_config("simclr_mnist1d.py:quick")
+    config.data.worker_count = 1
+    with pytest.raises(ConfigError, match="late error"):
+        train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert len(taken) == 1 and taken[0]["signal"].shape[0] == config.data.batch_size
+    assert multiprocessing.active_children() == []

@@ -182,6 +182,18 @@ def _locked(spec: RunSpec, accept_config_change: bool, resplit_data: bool = Fals
     except BaseException:
         manager.close()  # release orbax's threads and files before the error propagates
         raise
+    finally:  # stop the input worker processes and free their shared memory, whatever happened
+        close_stream(run.stream)
+
+
+def close_stream(stream: Any) -> None:
+    """Close the training iterator (grain's ``DatasetIterator.close``: its worker processes
+    stop and their shared-memory buffers are unlinked now, not at interpreter exit, where an
+    error that ended the run would otherwise leave them behind); an iterator without
+    ``close`` is left alone."""
+    close = getattr(stream, "close", None)
+    if callable(close):
+        close()
 
 
 def _train(run: Run, state: TrainState, ckpt, *, config_changed: bool = False,
