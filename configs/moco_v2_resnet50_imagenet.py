@@ -43,8 +43,9 @@ Variants: ``epochs`` (200; 800), ``batch`` (256), ``queue`` (65536), ``momentum`
 ResNet on the mock ``imagenet2012`` at 32 px, batch 16 in 2 BatchNorm groups, queue 64, one
 step: the test suite's),
 ``small`` (the recipe at CPU size on the generated ``shapes`` at 32 px: a 16-32-64 ResNet, batch
-256, queue 4,096, m = 0.99 (m = 0.999 averages the key encoder over about 1,000 steps, more than
-the run), 300 steps, linear probe and kNN every 75; experiments/ssl_recipes.py).
+256 in 8 BatchNorm groups, queue 4,096, m = 0.99 (m = 0.999 averages the key encoder over about
+1,000 steps, more than the run), 300 steps, linear probe and kNN every 75;
+experiments/ssl_recipes.py).
 """
 
 import ml_collections

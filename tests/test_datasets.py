@@ -377,12 +377,10 @@ def test_shapes_splits_are_balanced_deterministic_jpegs_of_the_generator():
 def test_shapes_colour_says_nothing_about_the_class():
     """The label changes only the shape: the ten images drawn from one generator state, one per
     label, are equal outside the shape's disc (its radius times ``EXTENT``, plus a pixel); the
-    per-class mean colour of ``shapes[train]`` equals the overall mean within 0.025 (4.4
-    standard errors of a class mean: the per-image mean colour has std 0.25, 2,000 images a
-    class); a linear probe on 64-bin colour histograms scores chance (< 0.13 on test, 10
-    classes)."""
-    from contrastive_jax.training import evaluation
-
+    per-class mean colour of the first 6,000 training images equals the overall mean within
+    0.045 (4.4 standard errors of a class mean: the per-image mean colour has std 0.25, 600
+    images a class); a linear probe on 64-bin colour histograms of them scores chance (< 0.13
+    on the 2,000 test images, 10 classes: ridge regression onto the one-hot labels)."""
     yy, xx = np.mgrid[:32, :32] + 0.5
     for seed in range(20):
         images = np.stack([shapes.shapes_image(label, np.random.default_rng(seed))
@@ -397,17 +395,22 @@ def test_shapes_colour_says_nothing_about_the_class():
         rows = [source[i] for i in range(n)]
         return np.stack([r["image"] for r in rows]) / 255.0, np.array([r["label"] for r in rows])
 
-    train_x, train_y = load("train", 20_000)
+    train_x, train_y = load("train", 6_000)
     test_x, test_y = load("test", 2_000)
     means = train_x.mean(axis=(1, 2))
     per_class = np.stack([means[train_y == c].mean(0) for c in range(10)])
-    assert np.abs(per_class - means.mean(0)).max() < 0.025
+    assert np.abs(per_class - means.mean(0)).max() < 0.045
 
     def histogram(x):
         q = np.minimum((x * 4).astype(int), 3).reshape(len(x), -1, 3)
         code = q[..., 0] * 16 + q[..., 1] * 4 + q[..., 2]
         return np.stack([np.bincount(c, minlength=64) for c in code]) / code.shape[1]
 
-    colour = evaluation.linear_probe(histogram(train_x), train_y, histogram(test_x), test_y,
-                                     l2_grid=(1e-4,))["accuracy"]
+    def fit(x, y):  # a linear classifier: ridge regression onto one-hot labels, with a bias
+        x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
+        return np.linalg.solve(x.T @ x + 1e-3 * np.eye(x.shape[1]), x.T @ np.eye(10)[y])
+
+    w = fit(histogram(train_x), train_y)
+    test_h = np.concatenate([histogram(test_x), np.ones((len(test_x), 1))], axis=1)
+    colour = np.mean(np.argmax(test_h @ w, axis=1) == test_y)
     assert colour < 0.13, colour
