@@ -50,7 +50,6 @@ experiments/ssl_recipes.py).
 
 import ml_collections
 
-from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations
 from contrastive_jax.training.config import base_config, model_wide, parse
 from contrastive_jax.training.data import imagenet
@@ -98,29 +97,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                 "features": 16, "bn_groups": 2}  # groups of 8, shuffled
         config.model.head = {"hidden": 16, "out": 8, "layers": 2, "batch_norm": False}
     if v.small:  # CPU size: the generated shapes (two-view host crops as above), float32
-        fixed = {"epochs": 200.0, "batch": 256, "queue": 65536, "momentum": 0.999,
-                 "depth": 50, "width": 1, "res": 224}
-        changed = sorted(k for k, default in fixed.items() if v[k] != default)
-        if changed:
-            raise ConfigError(f"the small variant sets {changed} itself; leave them out (or "
-                              "set the fields with --config.FIELD=VALUE)")
-        batch = 256
         config.augment = augmentations.recipe_augment_config("moco_v2", shapes.SIZE)
-        config.data = imagenet.imagenet_data_config(config.augment, batch, normalize=True)
-        config.data.update({"name": "shapes", "train_split": "train", "eval_split": "test",
-                            "num_threads": 2, "worker_count": 0, "prefetch": 2,
-                            "eval_batch_size": 500})
-        config.total_steps = v.steps or 300
+        imagenet.make_small_run(config, v, {"epochs": 200.0, "batch": 256, "queue": 65536,
+                                            "momentum": 0.999, "depth": 50, "width": 1,
+                                            "res": 224}, normalize=True)
+        batch = config.data.batch_size
         config.moco.queue_size = 4096
         config.moco.momentum = 0.99
         config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (16, 32, 64),
                                 "blocks_per_stage": 1, "features": 0,
                                 "bn_groups": batch // BN_GROUP}
         config.model.head = {"hidden": 64, "out": 64, "layers": 2, "batch_norm": False}
-        config.model.dtype = "float32"
         config.optimizer.learning_rate = 0.03 * batch / 256
-        config.evaluation.classification = True  # linear probe and kNN on shapes train/test
-        config.evaluation.tasks = ()
-        config.evaluation.every = 75
-        config.log_every = 10
     return config

@@ -38,7 +38,6 @@ ResNet, batch 256, LARS at 0.075 x sqrt(batch) (§B.1), 300 steps, linear probe 
 
 import ml_collections
 
-from contrastive_jax.errors import ConfigError
 from contrastive_jax.training import augmentations
 from contrastive_jax.training.config import base_config, model_wide, parse
 from contrastive_jax.training.data import imagenet
@@ -96,27 +95,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.model.head = {"hidden": 16, "out": 8, "layers": 2}
         config.loss.block_size = 4
     if v.small:  # CPU size: the generated shapes (two-view host crops as above), float32
-        fixed = {"epochs": 100.0, "batch": 4096, "width": 1, "depth": 50, "res": 224}
-        changed = sorted(k for k, default in fixed.items() if v[k] != default)
-        if changed:
-            raise ConfigError(f"the small variant sets {changed} itself; leave them out (or "
-                              "set the fields with --config.FIELD=VALUE)")
-        batch = 256
         config.augment = augmentations.recipe_augment_config("simclr", shapes.SIZE)
-        config.data = imagenet.imagenet_data_config(config.augment, batch, normalize=False)
-        config.data.update({"name": "shapes", "train_split": "train", "eval_split": "test",
-                            "num_threads": 2, "worker_count": 0, "prefetch": 2,
-                            "eval_batch_size": 500})
-        config.total_steps = v.steps or 300
+        imagenet.make_small_run(config, v, {"epochs": 100.0, "batch": 4096, "width": 1,
+                                            "depth": 50, "res": 224}, normalize=False)
+        batch = config.data.batch_size
         config.model.encoder = {"name": "resnet", "in_channels": 3, "widths": (16, 32, 64),
                                 "blocks_per_stage": 1, "features": 0}
         config.model.head = {"hidden": 64, "out": 64, "layers": 2}  # h's width, as 2048
-        config.model.dtype = "float32"
         # square-root scaling, better than linear at small batches with LARS (§B.1)
         config.optimizer.learning_rate = 0.075 * batch ** 0.5
         config.optimizer.warmup_steps = max(1, config.total_steps // 10)
-        config.evaluation.classification = True  # linear probe and kNN on shapes train/test
-        config.evaluation.tasks = ()
-        config.evaluation.every = 75
-        config.log_every = 10
     return config

@@ -35,8 +35,6 @@ so eager calls are compiled too. An ``image_recipe`` config (SimCLR's, MoCo v2's
 from __future__ import annotations
 
 import functools
-import math
-import numbers
 from collections.abc import Mapping
 
 import jax
@@ -45,6 +43,7 @@ import ml_collections
 
 from contrastive_jax.errors import ConfigError
 from contrastive_jax.training.augmentations import family, image, signal
+from contrastive_jax.training.augmentations.input_checks import check_augment_batch, check_key
 from contrastive_jax.training.augmentations.signal import check_strength
 
 Array = jax.Array
@@ -149,14 +148,14 @@ def augment(batch: Array, key: Array, config: ConfigLike, view: int | None = Non
     """
     settings = _recipe_of(config)
     if settings is not None:
-        batch = _check_batch("image", batch, views=settings.crop == "host")
-        _check_key(key)
+        batch = check_augment_batch("image", batch, views=settings.crop == "host")
+        check_key(key)
         v = _recipe_view_index(settings, batch, view)
         return family.recipe_batch(_source(batch, v), jax.random.split(key, batch.shape[0]),
                                    settings, v)
     kind, strengths = _freeze(config)
-    batch = _check_batch(kind, batch)
-    _check_key(key)
+    batch = check_augment_batch(kind, batch)
+    check_key(key)
     return _augment(batch, key[None], kind, strengths)[0]
 
 
@@ -177,14 +176,14 @@ def two_views(batch: Array, key: Array, config: ConfigLike) -> tuple[Array, Arra
     """
     settings = _recipe_of(config)
     if settings is not None:
-        batch = _check_batch("image", batch, views=settings.crop == "host")
-        _check_key(key)
+        batch = check_augment_batch("image", batch, views=settings.crop == "host")
+        check_key(key)
         n = batch.shape[0]
         return tuple(family.recipe_batch(_source(batch, v), jax.random.split(k, n), settings, v)
                      for v, k in enumerate(jax.random.split(key)))
     kind, strengths = _freeze(config)
-    batch = _check_batch(kind, batch)
-    _check_key(key)
+    batch = check_augment_batch(kind, batch)
+    check_key(key)
     views = _augment(batch, jax.random.split(key), kind, strengths)
     return views[0], views[1]
 
@@ -205,12 +204,12 @@ def augment_each(batch: Array, keys: Array, config: ConfigLike,
     """
     settings = _recipe_of(config)
     if settings is not None:
-        batch = _check_batch("image", batch, views=settings.crop == "host")
+        batch = check_augment_batch("image", batch, views=settings.crop == "host")
         _check_example_keys(keys, batch.shape[0])
         v = _recipe_view_index(settings, batch, view)
         return family.recipe_batch(_source(batch, v), keys, settings, v)
     kind, strengths = _freeze(config)
-    batch = _check_batch(kind, batch)
+    batch = check_augment_batch(kind, batch)
     _check_example_keys(keys, batch.shape[0])
     return _augment_examples(batch, keys[None], kind, strengths)[0]
 
@@ -224,13 +223,13 @@ def two_views_each(batch: Array, keys: Array, config: ConfigLike) -> tuple[Array
     """
     settings = _recipe_of(config)
     if settings is not None:
-        batch = _check_batch("image", batch, views=settings.crop == "host")
+        batch = check_augment_batch("image", batch, views=settings.crop == "host")
         _check_example_keys(keys, batch.shape[0])
         view_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)  # (2, B)
         return tuple(family.recipe_batch(_source(batch, v), view_keys[v], settings, v)
                      for v in range(2))
     kind, strengths = _freeze(config)
-    batch = _check_batch(kind, batch)
+    batch = check_augment_batch(kind, batch)
     _check_example_keys(keys, batch.shape[0])
     view_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)  # (2, B)
     views = _augment_examples(batch, view_keys, kind, strengths)
@@ -340,62 +339,3 @@ def _freeze(config: ConfigLike) -> _Frozen:
         for name in module.OPS
     )
     return kind, strengths
-
-
-def _check_batch(kind: str, batch, views: bool = False) -> Array:
-    """The batch as an array, or a ConfigError; ``views``: a ``(B, 2, H, W, C)`` batch of two
-    views per example is accepted too (the views the input workers cropped)."""
-    shape = tuple(jnp.shape(batch))
-    if len(shape) == 5 and not views and kind == "image":
-        raise ConfigError(f"a batch of two views per example {shape} needs an augment recipe "
-                          "with crop='host' (recipe_augment_config(...))")
-    if views and len(shape) == 5:
-        if shape[1] != 2:
-            raise ConfigError(f"a batch of views must be (batch, 2, height, width, channels); "
-                              f"got shape {shape}")
-        shape = (shape[0], *shape[2:])
-    if kind == "signal" and len(shape) != 3:
-        fix = {
-            1: "add batch and channel axes (x[None, :, None])",
-            2: "add a channel axis (batch[..., None])",
-        }.get(len(shape), "pass one (length, channels) signal per row")
-        raise ConfigError(f"signals must be (batch, length, channels); got shape {shape}: {fix}.")
-    if kind == "image":
-        if len(shape) != 4:
-            fix = {
-                2: "add batch and channel axes (x[None, ..., None])",
-                3: "add a channel axis (batch[..., None]) for a batch of grayscale images, or a "
-                "batch axis (x[None]) for one (H, W, C) image",
-            }.get(len(shape), "pass one (height, width, channels) image per row")
-            raise ConfigError(
-                f"images must be (batch, height, width, channels); got shape {shape}: {fix}."
-            )
-        if shape[-1] not in (1, 3):
-            hint = " (channels first? transpose to (B, H, W, C))" if shape[1] in (1, 3) else ""
-            raise ConfigError(
-                f"images must have 1 (grayscale) or 3 (RGB) channels last; got shape {shape} "
-                f"with {shape[-1]} channels{hint}."
-            )
-    if math.prod(shape[1:]) == 0:
-        raise ConfigError(f"every example must be non-empty; got shape {shape}.")
-    dtype = jnp.result_type(batch)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        what = " in [0, 1] (e.g. x / 255 for uint8 images)" if kind == "image" else ""
-        raise ConfigError(
-            f"{kind}s must be floating point; got dtype {dtype}. Cast them to float32{what}."
-        )
-    return jnp.asarray(batch)
-
-
-def _check_key(key) -> None:
-    if isinstance(key, numbers.Number) or not hasattr(key, "dtype"):
-        raise ConfigError(f"key must be a JAX PRNG key such as jax.random.key(seed); got {key!r}.")
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        ok = key.ndim == 0
-    else:
-        ok = key.dtype == jnp.uint32 and key.ndim == 1
-    if not ok:
-        raise ConfigError(
-            f"key must be one PRNG key (jax.random.key(seed)); got shape {key.shape}, dtype "
-            f"{key.dtype}. Pass a single key: the batch functions split it into one per example."
-        )

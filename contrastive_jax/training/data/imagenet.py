@@ -22,6 +22,8 @@ The ``tiny`` variants read the mock copy (``python -m contrastive_jax.training.d
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import ml_collections
 
@@ -71,3 +73,32 @@ def make_tiny_data(config: ml_collections.ConfigDict) -> None:
     16 on the 8 CPU devices of the tests, no worker processes."""
     config.data.update({"batch_size": 16, "eval_batch_size": 16, "num_threads": 1,
                         "worker_count": 0, "prefetch": 1})
+
+
+SMALL_BATCH = 256
+SMALL_STEPS = 300
+
+
+def make_small_run(config: ml_collections.ConfigDict, variant: Any,
+                   fixed: Mapping[str, Any], *, normalize: bool) -> None:
+    """The ``small`` variants (the recipe at CPU size, experiments/ssl_recipes.py): the generated
+    ``shapes`` at 32 px (:mod:`~contrastive_jax.training.data.datasets.shapes`; two host crops
+    per example, as the ImageNet reading) with ``config.augment`` (the recipe at
+    ``shapes.SIZE``, set by the caller), batch :data:`SMALL_BATCH`, ``variant.steps`` or
+    :data:`SMALL_STEPS` steps, float32, the linear probe and kNN on ``shapes`` every 75 steps.
+    A variant setting of ``fixed`` (name: the template's default) given another value is a
+    :class:`ConfigError`: the small variant sets it itself."""
+    changed = sorted(k for k, default in fixed.items() if variant[k] != default)
+    if changed:
+        raise ConfigError(f"the small variant sets {changed} itself; leave them out (or "
+                          "set the fields with --config.FIELD=VALUE)")
+    config.data = imagenet_data_config(config.augment, SMALL_BATCH, normalize=normalize)
+    config.data.update({"name": "shapes", "train_split": "train", "eval_split": "test",
+                        "num_threads": 2, "worker_count": 0, "prefetch": 2,
+                        "eval_batch_size": 500})
+    config.total_steps = variant.steps or SMALL_STEPS
+    config.model.dtype = "float32"
+    config.evaluation.classification = True  # linear probe and kNN on shapes train/test
+    config.evaluation.tasks = ()
+    config.evaluation.every = 75
+    config.log_every = 10
