@@ -40,7 +40,13 @@ The loss is the exact CLIP loss with negatives passed round a ring of all device
 O(N d / D) per device, contrastive_jax.losses.sharded), so the 32768 x 32768 logits are never
 built anywhere.
 
-**Your own shards** (docs/data.md "Your own image-text shards"): ``shards=NAME,steps=N`` trains
+**Your own shards** (docs/data.md "Your own image-text shards"), streamed:
+``stream=PATTERN,steps=N`` trains straight from webdataset tars or parquet files, local or
+``gs://`` (``data.source = "shards"``, ``data.shards = PATTERN``: brace ranges such as
+``gs://BUCKET/laion/{00000..41407}.tar`` and globs; a pattern with a ``{a,b}`` list, whose
+comma the variant syntax would split, goes in ``--config.data.shards``), evaluated on the
+shards of ``heldout_stream=PATTERN`` (without it, no evaluation). Or converted first:
+``shards=NAME,steps=N`` trains
 on a dataset written by ``python -m contrastive_jax.training.data.convert_shards --name=NAME``
 (one ``train`` split): its first ``heldout`` (default 5000) examples are the evaluation split
 (``train[:5000]``), the rest the training split (``train[5000:]``).
@@ -74,7 +80,8 @@ all); the unmasked tuning phase is the same config with
 ``--config.model.sample_encoder.patch_dropout=0`` and ``--accept_config_change`` on the same
 workdir.
 
-Variants: ``data`` (TFDS name), ``shards`` (a converted dataset), ``heldout``, ``batch``,
+Variants: ``data`` (TFDS name), ``stream`` and ``heldout_stream`` (shard patterns),
+``shards`` (a converted dataset), ``heldout``, ``batch``,
 ``epochs``, ``steps``, ``strategy``, ``tokenizer``, ``accumulation``, ``pretrained``, ``mode``,
 ``patch_dropout``, ``res``, ``tiny`` (a
 few-KB model, or only the data and the step count with ``pretrained``; batch 16, one step, or
@@ -110,7 +117,8 @@ def steps_for(name: str, split: str, epochs: float, batch: int) -> int:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    v = parse(arg, data="coco_captions", shards="", heldout=5000, batch=32768, epochs=100,
+    v = parse(arg, data="coco_captions", shards="", stream="", heldout_stream="", heldout=5000,
+              batch=32768, epochs=100,
               steps=0, strategy="ring", tokenizer="", accumulation=1, tiny=False,
               pretrained="", mode="locked", patch_dropout=0.0, res=0)
     config = base_config()
@@ -121,6 +129,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             raise ConfigError(f"shards={v.shards}: give the step count with the variant steps=N "
                               "(the template does not know the dataset's size)")
         split, eval_split = f"train[{v.heldout}:]", f"train[:{v.heldout}]"
+    if v.stream and (v.shards or not v.steps):
+        raise ConfigError(f"stream={v.stream}: give the step count with steps=N (a stream's "
+                          "size is not known)" if not v.steps else
+                          "stream= and shards= are two sources: choose one")
     # 24 worker processes: ~6 host cores per v4 chip, 4 chips a host (docs/benchmarks.md
     # "Image input")
     config.data.update({"name": v.shards or v.data, "batch_size": v.batch, "num_threads": 2,
@@ -128,6 +140,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                         "eval_split": eval_split,
                         # a multiple of 256 devices; val's 5000 images in 2 padded batches
                         "eval_batch_size": 2560})
+    if v.stream:  # straight from the shards (data.source = "shards"), evaluation on
+        config.data.update({"source": "shards", "shards": v.stream,  # the held-out ones
+                            "heldout_shards": v.heldout_stream, "eval_split": "heldout"})
     config.total_steps = v.steps or steps_for(v.data, split, v.epochs, v.batch)
     config.num_epochs = float(v.epochs)  # recorded; total_steps above is what runs
     # decoded (JPEGs at reduced size), cropped and resized (bicubic) on the host, uint8 to the
@@ -180,6 +195,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # captions, no labels: retrieval Recall@k both ways, alignment and uniformity on the
     # evaluation split (one caption per image, the exact pair is the match)
     config.evaluation.classification = False
+    # a stream without held-out shards has nothing to evaluate on
+    config.evaluation.enabled = not v.stream or bool(v.heldout_stream)
     config.log_every = 10
     config.checkpoint_every = 50  # ~15 COCO epochs at 32k; the last step is saved as well
     if v.tiny:

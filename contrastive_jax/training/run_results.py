@@ -87,6 +87,22 @@ def stopped(run: Any, ckpt, progress: Progress, end: LoopEnd, resumed: int | Non
     return {"steps": run.steps, "stopped_at": end.stopped_at, "resumed_from": resumed}
 
 
+def input_report(report: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """A stream's skip counts summed over every process (an all-gather: every process calls
+    it; ``report["skipped"]`` holds every reason, in one order on every process), with the
+    shards that failed on this process (``failed_shards``: path -> failed reads) and the
+    failed reads of all processes (``failed_shard_reads``)."""
+    from jax.experimental import multihost_utils
+
+    reasons = list(report["skipped"])
+    mine = np.array([report["skipped"][r] for r in reasons]
+                    + [sum(report["failed_shards"].values())], np.int64)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size).sum(0) \
+        if jax.process_count() > 1 else mine
+    return {"skipped": {r: int(n) for r, n in zip(reasons, every[:-1], strict=True) if n},
+            "failed_shard_reads": int(every[-1]), "failed_shards": report["failed_shards"]}
+
+
 def final_results(run: Any, ckpt, progress: Progress, end: LoopEnd, resumed: int | None,
              history: list) -> dict[str, Any]:
     """The final evaluation and ``workdir/results.json`` of a finished run."""
@@ -131,6 +147,8 @@ def final_results(run: Any, ckpt, progress: Progress, end: LoopEnd, resumed: int
         "provenance": provenance(),  # date, commit, versions, devices (run.provenance)
     }
     results.update(run.method.results(run.source, config))
+    if callable(getattr(run.stream, "report", None)):  # a stream of shards
+        results["input"] = input_report(run.stream.report())
     if jax.process_index() == 0:
         json_output.write_atomic(run.workdir / "results.json", results)
     scores = summary_line(run.spec.evaluators, final, config)

@@ -103,6 +103,10 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     evaluators = selected(config) if config.evaluation.enabled else ()
     mesh = make_mesh(dict(config.get("mesh", {"data": -1}))) if mesh is None else mesh
     accumulation = check_batch(config, mesh)
+    if steps is None and config.data.get("source", "tfds") == "shards" and not config.get(
+            "total_steps", 0):
+        raise ConfigError("a stream of shards (data.source='shards') has no known size to "
+                          "count epochs in: set total_steps")
     if steps is None:
         steps = total_steps(config, None if config.get("total_steps", 0) else len(open_split(
             config.data.name, config.data.train_split, config.data.data_dir or None,

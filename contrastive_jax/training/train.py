@@ -83,7 +83,7 @@ class Run:
     spec: RunSpec
     graphdef: Any
     tx: optax.GradientTransformation
-    source: Any  # the training split (random access)
+    source: Any  # the training split (random access; None for a stream of shards)
     stream: Any  # the checkpointable iterator of global batches
     start: float = dataclasses.field(default_factory=time.perf_counter)
     profile: profiling.ProfileWindow | None = None  # the traced steps (config.profile)
@@ -112,8 +112,9 @@ def prepare_run(run: RunSpec | ml_collections.ConfigDict,
     start = time.perf_counter()
     spec = run if isinstance(run, RunSpec) else resolve(run, workdir, method=method)
     config = spec.config
-    source = open_split(config.data.name, config.data.train_split,
-                        config.data.data_dir or None, config.data.options.to_dict() or None)
+    source = None if config.data.get("source", "tfds") == "shards" else open_split(
+        config.data.name, config.data.train_split, config.data.data_dir or None,
+        config.data.options.to_dict() or None)
     graphdef, state, tx = create_state(config, spec.steps, spec.method)
     state = jax.device_put(state, state_shardings(config.get("sharding"), spec.mesh, state))
     run = Run(spec, graphdef, tx, source, train_iterator(config.data, spec.mesh), start,
@@ -269,6 +270,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
     limit = config.max_skipped_in_a_row
     every = config.evaluation.every if config.evaluation.enabled else 0
     pending = None
+    reported = None  # the stream's skip counts last logged
     guard = config.get("transfer_guard", "allow")
     flops = model_flops.Counter(config, run.mesh, run.method, run.steps,
                                 memo=ModelFlopsMemo(config, run.mesh, run.steps))
@@ -307,6 +309,7 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
             if progress.due(step):
                 with _sync_point("log"):
                     progress.log_train(step, window.mean())
+                    reported = _input_report(stream, progress, reported)
             if stopping:
                 with _sync_point("stop"):
                     check_skipped_updates(*pending, limit)
@@ -324,6 +327,22 @@ def _loop(run: Run, state: TrainState, ckpt, progress: Progress, first: int,
             with _sync_point("guard"):
                 check_skipped_updates(*pending, limit, run_ended=True)
     return LoopEnd(state, metrics, clock, evaluations)
+
+
+def _input_report(stream, progress: Progress, last: dict | None) -> dict | None:
+    """A line with a stream's skipped members and failed shards (this process's readers)
+    when they changed since ``last``; the counts (None for a stream without a report)."""
+    report = getattr(stream, "report", None)
+    if not callable(report):
+        return None
+    now = report()
+    if now != last and (any(now["skipped"].values()) or now["failed_shards"]):
+        skipped = ", ".join(f"{k} {v:,}" for k, v in now["skipped"].items() if v)
+        failed = "; ".join(f"{path} ({n} epoch{'s' if n > 1 else ''})"
+                           for path, n in now["failed_shards"].items())
+        progress.message(f"input (process {jax.process_index()}): skipped {skipped or 'none'}"
+                         + (f"; unreadable shards: {failed}" if failed else ""))
+    return now
 
 
 def _sync_point(what: str):

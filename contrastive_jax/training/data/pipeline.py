@@ -82,6 +82,14 @@ def default_data_config() -> ml_collections.ConfigDict:
         # crop, resize to uint8, tokenise: image_text_preprocess's options; mean and std are
         # applied on the device: contrastive_jax.training.augmentations.pixels)
         "preprocess": {"name": "standard"},
+        # "tfds" (a prepared dataset: data.name) or "shards" (a stream straight from
+        # webdataset tars / parquet files: contrastive_jax.training.data.stream)
+        "source": "tfds",
+        "shards": "",                  # patterns, whitespace-separated ({00000..41407}, *)
+        "heldout_shards": "",          # patterns of the shards evaluation reads
+        "shuffle_buffer": 5000,        # examples per input reader (open_clip's 5000)
+        "image_column": "jpg",         # parquet shards: the image bytes' column
+        "caption_column": "caption",   # parquet shards: the caption's column
     })
 
 
@@ -145,7 +153,7 @@ def train_dataset(source, *, global_batch_size: int, seed: int, shuffle: bool = 
     preprocess = preprocess or standard_preprocess()
     ds = ds.map(lambda pair: preprocess(pair[1], epoch=pair[0] // n, position=pair[0]))
     ds = ds.batch(local, drop_remainder=True)
-    return _in_workers(ds.to_iter_dataset(read_options), worker_count, read_options)
+    return in_workers(ds.to_iter_dataset(read_options), worker_count, read_options)
 
 
 def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = None,
@@ -171,12 +179,13 @@ def eval_dataset(source, *, global_batch_size: int, shard: HostShard | None = No
 
     ds = grain.MapDataset.range(padded)[shard.index :: shard.count].map(example)
     ds = ds.batch(local, drop_remainder=True).to_iter_dataset(read_options)
-    return _in_workers(ds, worker_count, read_options)
+    return in_workers(ds, worker_count, read_options)
 
 
-def _in_workers(ds: grain.IterDataset, worker_count: int,
-                read_options: grain.ReadOptions | None) -> grain.IterDataset:
-    """``ds`` made in ``worker_count`` grain worker processes (0: in this one)."""
+def in_workers(ds: grain.IterDataset, worker_count: int,
+               read_options: grain.ReadOptions | None) -> grain.IterDataset:
+    """``ds`` made in ``worker_count`` grain worker processes (0: in this one; grain's
+    ``mp_prefetch``, each worker making every ``worker_count``-th element)."""
     if isinstance(worker_count, bool) or not isinstance(worker_count, int) or worker_count < 0:
         raise ConfigError(f"data.worker_count must be an integer >= 0; got {worker_count!r}")
     if worker_count == 0:
@@ -198,13 +207,17 @@ def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
     ``grain.checkpoint.CheckpointSave`` / ``CheckpointRestore`` or ``get_state`` /
     ``set_state``.
     """
-    config = _checked(config)
+    config = checked_data_config(config)
+    if config.source == "shards":
+        from contrastive_jax.training.data.stream import stream_train_iterator
+
+        return stream_train_iterator(config, mesh, shard=shard)
     source = open_split(config.name, config.train_split, config.data_dir or None,
                         config.options.to_dict() or None, encoded_images=encoded_images(config))
     ds = train_dataset(source, global_batch_size=config.batch_size, seed=config.seed,
                        shuffle=config.shuffle, num_epochs=config.num_epochs, shard=shard,
                        preprocess=make_preprocess(config, training=True),
-                       read_options=_read_options(config), worker_count=config.worker_count)
+                       read_options=grain_read_options(config), worker_count=config.worker_count)
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 
 
@@ -212,27 +225,39 @@ def eval_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
                   split: str | None = None,
                   shard: HostShard | None = None) -> grain.DatasetIterator:
     """One padded pass over ``split`` (default ``config.eval_split``) as global batches."""
-    config = _checked(config)
-    source = open_split(config.name, split or config.eval_split, config.data_dir or None,
-                        config.options.to_dict() or None, encoded_images=encoded_images(config))
+    config = checked_data_config(config)
+    if config.source == "shards":
+        from contrastive_jax.training.data.stream import heldout_source
+
+        source = heldout_source(config, split)
+    else:
+        source = open_split(config.name, split or config.eval_split, config.data_dir or None,
+                            config.options.to_dict() or None,
+                            encoded_images=encoded_images(config))
     ds = eval_dataset(source, global_batch_size=config.eval_batch_size, shard=shard,
                       preprocess=make_preprocess(config),
-                      read_options=_read_options(config), worker_count=config.worker_count)
+                      read_options=grain_read_options(config), worker_count=config.worker_count)
     return iter(ds.map(functools.partial(global_batch, mesh=mesh)))
 
 
-def _read_options(config: ml_collections.ConfigDict) -> grain.ReadOptions:
+def grain_read_options(config: ml_collections.ConfigDict) -> grain.ReadOptions:
+    """grain's read options of a ``data`` block (``num_threads``, ``prefetch``)."""
     return grain.ReadOptions(num_threads=config.num_threads,
                              prefetch_buffer_size=config.prefetch)
 
 
-def _checked(config: Any) -> ml_collections.ConfigDict:
+def checked_data_config(config: Any) -> ml_collections.ConfigDict:
+    """The ``data`` block with every default filled in; a ConfigError naming unknown fields
+    and bad batch sizes."""
     valid = default_data_config()
     unknown = sorted(set(config.keys()) - set(valid.keys()))
     if unknown:
         raise ConfigError(f"unknown data config fields {unknown}; valid: {sorted(valid.keys())}")
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
     checked = ml_collections.ConfigDict({**valid.to_dict(), **given})
+    if checked.source not in ("tfds", "shards"):
+        raise ConfigError(f"data.source must be 'tfds' (a prepared dataset, data.name) or "
+                          f"'shards' (a stream of data.shards); got {checked.source!r}")
     for field in ("batch_size", "eval_batch_size"):  # both checked before any training
         size = checked[field]
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
