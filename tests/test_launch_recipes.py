@@ -35,8 +35,8 @@ from contrastive_jax.training.run.compilation_cache import CACHE_ENV, MIN_COMPIL
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "launching.md"
 LAUNCHERS = ROOT / "tests" / "launchers"
-RECIPES = {"install", "tpu-pod", "slurm-script", "slurm-submit", "explicit", "queued-resource",
-           "queued-resource-again"}
+RECIPES = {"install", "tpu-pod", "tpu-pod-stream", "slurm-script", "slurm-submit", "explicit",
+           "queued-resource", "queued-resource-again"}
 INSTALL_EXTRAS = ("train,tpu,gcs", "train,cuda12,gcs", "train")
 TOKENIZER = "coco_sp32k.model"  # the name docs/data.md's build_tokenizer step writes
 NO_EVALUATION = '"--config.evaluation.enabled=False"'
@@ -347,6 +347,35 @@ def test_tpu_pod_recipe_runs_one_step_on_two_workers(recipes, checkout, bucket, 
     assert_finished(bucket / "runs" / "clip_b16", worker0_log)
     assert STEP_LINE.search(out)  # what `tail -f` showed (the last lines of the log)
     assert not STEP_LINE.search((workers[1] / "home" / "train.log").read_text())
+
+
+def test_tpu_pod_recipe_streams_shards_on_two_workers(recipes, checkout, bucket, machine):
+    """The streaming settings (shards in the bucket, held-out shards, the step count) in place
+    of the pod block's CONFIG, expanded by the shell as written (the brace ranges reach the
+    workers unexpanded), then the pod block: both processes stream their shards, one step."""
+    from test_convert_shards import good, write_tar
+
+    for folder, count in (("laion", 4), ("laion_heldout", 1)):
+        (bucket / folder).mkdir()
+        for s in range(count):
+            write_tar(bucket / folder / f"{s:05d}.tar", [
+                m for k in range(8) for m in good(f"{folder}{s}k{k}", 8 * s + k)])
+    stream = recipes["tpu-pod-stream"]
+    stream = with_settings(stream, SHARDS=f"{bucket}/laion/{{00000..00003}}.tar",
+                           HELDOUT=f"{bucket}/laion_heldout/{{00000..00000}}.tar", STEPS="1")
+    out, _ = run_bash(f"BUCKET={bucket}\n{stream}\nprintf '%s' \"$CONFIG\"", checkout, machine)
+    assert out.startswith(f"configs/clip_vit_b16_pod.py:stream={bucket}/laion/{{00000..00003}}")
+    block = recipes["tpu-pod"]
+    script = with_settings(block, ACCELERATOR=SLICE, BUCKET=str(bucket), CONFIG=tiny(out),
+                           OVERRIDES=NO_EVALUATION)
+    state = pathlib.Path(machine["STANDIN_STATE"])
+    run_bash(script, checkout, machine)
+    wait_for_tpu_sessions(state, LAUNCH_TIMEOUT_S)
+    workers = sorted((state / "tpus" / top_settings(block)["TPU"]).glob("worker*"))
+    log = (workers[0] / "home" / "train.log").read_text()
+    assert "Traceback" not in log and "error:" not in log, log[-3000:]
+    results = assert_finished(bucket / "runs" / "clip_b16", log)
+    assert results["input"] == {"skipped": {}, "failed_shard_reads": 0, "failed_shards": {}}
 
 
 def test_queued_resource_recipes(recipes, checkout, machine):

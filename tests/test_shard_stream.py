@@ -245,3 +245,49 @@ def test_bad_input_says_what_to_change(tmp_path, bad_shards, good_shards):
     assert isinstance(other, StreamBatches)
     with pytest.raises(ConfigError, match="another shard list"):
         other.set_state(state)
+
+
+def test_a_shard_that_keeps_failing_is_tried_again_then_skipped_and_named(tmp_path, good_shards,
+                                                                        monkeypatch):
+    """A read that fails with a network-like error (an OSError; here a folder named like a
+    shard) is tried 3 times with a back-off, then the shard is skipped for the epoch and named;
+    a reader whose shards give no example in a whole epoch stops with a DataError naming
+    them."""
+    from contrastive_jax.errors import DataError
+    from contrastive_jax.training.data.stream import shard_stream
+
+    waits = []
+    monkeypatch.setattr(shard_stream.time, "sleep", waits.append)
+    broken = tmp_path / "00009.tar"
+    broken.mkdir()  # opening it raises IsADirectoryError
+    files = (*shard_list.list_shards(good_shards)[:1], str(broken))
+    stream = iter(ShardStream(StreamSpec(files, buffer=1, shuffle=False), keys))
+    out = [next(stream)["key"] for _ in range(5)]
+    assert out == [f"00000.tar/s0k{k}" for k in range(5)]
+    state = stream.get_state()
+    assert waits == [2.0, 4.0] and state["failed"] == {str(broken): 1}
+    assert state["skipped"] == {"unreadable shard": 1}
+    only_broken = iter(ShardStream(StreamSpec((str(broken),), buffer=1), keys))
+    with pytest.raises(DataError, match=r"read no example from its 1 shard\(s\) in epoch 0 "
+                                        r"\(failed: \{'\S+00009.tar': 1\}"):
+        next(only_broken)
+
+
+def test_the_plan_counts_the_streams_measured_host_rate():
+    """The plan's host cores for a streamed config: the prepared data's images per
+    core-second times the stream's measured ratio to it (gs:// tars 403.1 / 453.1, local
+    450.4 / 453.1, experiments/results/image_input_bench.md)."""
+    import importlib
+
+    report = importlib.import_module("contrastive_jax.plan.report")  # the package's is a function
+
+    def config(**data):
+        return ml_collections.ConfigDict({"data": {"preprocess": {"name": "image_text"},
+                                                   **data}})
+
+    prepared = report.host_input(config()).examples_per_core_s
+    remote = report.host_input(config(source="shards", shards="gs://b/{0..9}.tar"))
+    local = report.host_input(config(source="shards", shards="/data/{0..9}.tar"))
+    assert remote.examples_per_core_s == pytest.approx(prepared * 403.1 / 453.1)
+    assert local.examples_per_core_s == pytest.approx(prepared * 450.4 / 453.1)
+    assert "streamed from gs:// tars (0.89x" in remote.work

@@ -16,6 +16,7 @@ from contrastive_jax.plan.step_plan import (
     CHIPS,
     HEADROOM,
     IMAGES_PER_CORE_SECOND,
+    STREAM_RELATIVE_RATE,
     Plan,
     example_shapes,
     plan,
@@ -142,7 +143,9 @@ def host_input(config, images: bool = True) -> HostInput | None:
     per example, ``d`` and ``c`` (a decode, a crop) solved from the measured one- and two-view
     rates (so ``views`` = 1 and 2 are those rows); with ``crop = "center"``, a decode, resize
     and centre crop. ``"image_text"``: one decode and crop (:data:`IMAGES_PER_CORE_SECOND`,
-    the pod template's table); another image input (``images``) counts at that rate too;
+    the pod template's table; from a stream of shards, that rate times the stream's measured
+    ratio to it, :data:`STREAM_RELATIVE_RATE`, for tars on ``gs://`` or local ones); another
+    image input (``images``) counts at that rate too;
     ``None`` without images.
     """
     preprocess = dict((config.get("data") or {}).get("preprocess") or {})
@@ -158,6 +161,13 @@ def host_input(config, images: bool = True) -> HostInput | None:
     if name == "image":
         return HostInput(CENTRE_256_EXAMPLES_PER_CORE_SECOND,
                          f"decode + resize + centre crop at {size}: {_VIEWS_TABLE}")
+    data = config.get("data") or {}
+    if data.get("source", "tfds") == "shards" and (name == "image_text" or images):
+        where = "gs" if "gs://" in str(data.get("shards", "")) else "local"
+        ratio = STREAM_RELATIVE_RATE[where]
+        return HostInput(IMAGES_PER_CORE_SECOND * ratio,
+                         f"decode + 1 crop, streamed from {'gs://' if where == 'gs' else 'local'}"
+                         f" tars ({ratio:.2f}x the prepared data's rate): {_CLIP_TABLE}")
     if name == "image_text" or images:
         return HostInput(IMAGES_PER_CORE_SECOND, f"decode + 1 crop: {_CLIP_TABLE}")
     return None

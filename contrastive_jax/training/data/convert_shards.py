@@ -12,7 +12,8 @@ text, or ``""``)::
 
     python -m contrastive_jax.training.data.convert_shards \\
         --input='gs://bucket/cc12m/{00000..00099}.tar' --name=cc12m --data_dir=DATA_DIR \\
-        [--split=train] [--max_side=512] [--workers=8] [--overwrite]
+        [--split=train] [--max_side=512] [--workers=8] [--overwrite] \\
+        [--num_parts=N --part=I | --finalize] [--staging_dir=LOCAL_DIR]
 
 Then train with ``--config.data.name=cc12m --config.data.data_dir=DATA_DIR``.
 
@@ -27,9 +28,20 @@ Then train with ``--config.data.name=cc12m --config.data.data_dir=DATA_DIR``.
 - **One output shard per input shard**, written by ``--workers`` processes (default: the
   cores), in input order, so the same inputs give byte-identical output whatever the workers.
 - **Resumable**: each output shard is written to a temporary file and renamed, then its
-  report is written; killed at any moment and run again, the command redoes only the shards
-  without a report, and ends with every example exactly once. ``dataset_info.json`` is written
-  last, so a half-converted folder is never read as a dataset.
+  report (in ``1.0.0/.convert_shards/``); killed at any moment and run again, the command redoes
+  only the shards without both, and ends with every example exactly once. ``dataset_info.json``
+  is written last, so a half-converted folder is never read as a dataset. A local folder is
+  locked: a second converter on it stops (a bucket takes no lock: run one converter per part).
+- ``--data_dir gs://bucket/tfds``: each shard is written locally (in a temporary folder, or in
+  ``--staging_dir``), uploaded under its final name in one upload once complete (the bucket
+  never holds a half shard), deleted, then its report is written to the bucket.
+- **Split over machines**: ``--num_parts=N --part=I`` (``0 <= I < N``, the same ``N`` for every
+  part) converts the input shards ``i`` with ``i % N == I`` of the list the same ``--input``
+  gives every machine (the output names, ``NAME-SPLIT.array_record-{i:05d}-of-{count:05d}``,
+  are global), without the metadata. Then the same command with ``--finalize`` in place of
+  ``--num_parts``/``--part`` checks that every shard is there (else exit 2, naming the missing
+  shards and their parts) and writes the report and metadata: the folder is then byte for byte
+  the one-machine conversion.
 - **Bad members are skipped and counted by reason** (``image undecodable``, ``no image``,
   ``no caption``, ``empty caption``, ``truncated shard``: the examples before the cut are
   kept), never a crash; a shard that cannot be read at all (not a tar or parquet file, missing)
@@ -49,6 +61,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import io
 import json
 import multiprocessing
@@ -57,6 +70,7 @@ import re
 import signal
 import sys
 import tarfile
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -122,8 +136,9 @@ class Job:
 
     index: int
     source: str
-    target: str  # the output shard's path
+    target: str  # the output shard's path (local or gs://)
     report: str  # written once the shard is complete
+    staging: str | None  # a local folder to write the shard in, then upload it to target
     max_side: int | None
     image_column: str
     caption_column: str
@@ -140,7 +155,8 @@ def convert_one(job: Job) -> dict:
     skipped: Counter = Counter()
     good = 0
     shard = os.path.basename(job.source)
-    partial = job.target + ".incomplete"
+    partial = (os.path.join(job.staging, os.path.basename(job.target)) if job.staging
+               else job.target) + ".incomplete"
     error = None
     writer = ArrayRecordWriter(partial, "group_size:1")
     try:
@@ -181,9 +197,14 @@ def convert_one(job: Job) -> dict:
     if error is not None:  # nothing kept from an unreadable shard: an empty output shard
         ArrayRecordWriter(partial, "group_size:1").close()
         good = 0
-    os.replace(partial, job.target)
     report = {"input": job.source, "examples": good, "skipped": dict(sorted(skipped.items())),
-              "error": error, "bytes": os.path.getsize(job.target)}
+              "error": error, "bytes": os.path.getsize(partial)}
+    if job.staging:  # one upload of the complete file: the object appears whole or not at all
+        fs, inner = _fs(job.target)
+        fs.put_file(partial, inner)
+        os.remove(partial)
+    else:
+        os.replace(partial, job.target)
     _write_json(job.report, report)
     return report
 
@@ -203,85 +224,152 @@ def _die_with_parent(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(path: epath.Path) -> Iterator[None]:
-    """One converter per output folder (an advisory lock, released when the process ends in
-    any way)."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"{path.parent.parent} is being written by another "
-                              "convert_shards process; wait for it or kill it") from None
+def _exclusive(work: str, part: int | None) -> Iterator[None]:
+    """One converter per local output folder, or per part of it (the parts share the folder's
+    lock, each holds its own): advisory locks, released when the process ends in any way."""
+    locks = [("lock", fcntl.LOCK_EX)] if part is None else [("lock", fcntl.LOCK_SH),
+                                                              (f"lock-part-{part}", fcntl.LOCK_EX)]
+    with contextlib.ExitStack() as stack:
+        for name, mode in locks:
+            handle = stack.enter_context(open(os.path.join(work, name), "a"))
+            try:
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(f"{os.path.dirname(work)} is being written by another "
+                                  "convert_shards process; wait for it or kill it") from None
         yield
 
 
+def _fs(path: str):
+    """The fsspec file system of ``path`` (gcsfs for ``gs://``) and the path in it, its cached
+    listings dropped: other processes (the workers, the other parts) write the same folders."""
+    import fsspec
+
+    fs, inner = fsspec.core.url_to_fs(path)
+    fs.invalidate_cache()
+    return fs, inner
+
+
+def _names(folder: str) -> set[str]:
+    """The names in ``folder`` (none if it is not there), listed afresh."""
+    fs, inner = _fs(folder)
+    try:
+        return {path.rstrip("/").rpartition("/")[2] for path in fs.ls(inner, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def _read_json(path: str):
+    fs, inner = _fs(path)
+    return json.loads(fs.cat_file(inner))
+
+
 def _write_json(path: str, data) -> None:
-    partial = path + ".incomplete"
-    with open(partial, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(partial, path)
+    """``data`` into ``path``, whole or not at all: an object is uploaded in one request, a
+    local file written aside and renamed."""
+    fs, inner = _fs(path)
+    partial = inner if "://" in path else inner + ".incomplete"
+    fs.pipe_file(partial, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+    if partial != inner:
+        os.replace(partial, inner)
 
 
 def convert_dataset(inputs: Sequence[str], name: str, data_dir: str, *, split: str = "train",
             max_side: int | None = None, workers: int | None = None,
             image_column: str = "jpg", caption_column: str = "caption",
-            key_column: str = "key", overwrite: bool = False, log=print) -> dict:
-    """Convert ``inputs`` (patterns) into ``data_dir/name/1.0.0``; returns the report."""
-
+            key_column: str = "key", overwrite: bool = False, num_parts: int | None = None,
+            part: int | None = None, finalize: bool = False, staging_dir: str | None = None,
+            log=print) -> dict:
+    """Convert ``inputs`` (patterns) into ``data_dir/name/1.0.0`` (local or ``gs://``); returns
+    the report. ``num_parts`` and ``part``: only that part's shards, no metadata (returns the
+    part's report); ``finalize``: no shard converted, the metadata written if every shard is."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ConfigError(f"--name {name!r}: use lower-case letters, digits and '_', starting "
                           "with a letter (a TFDS dataset name)")
     if max_side is not None and max_side < 1:
         raise ConfigError(f"--max_side must be >= 1; got {max_side}")
-    if "://" in str(data_dir):
-        raise ConfigError(f"--data_dir {data_dir}: write the conversion to a local folder, then "
-                          "copy it to the bucket (gcloud storage cp -r FOLDER gs://...); the "
-                          "inputs may be gs:// paths")
+    _check_parts(num_parts, part, finalize, overwrite)
+    remote = "://" in str(data_dir)
+    if staging_dir is not None and (not remote or "://" in staging_dir):
+        raise ConfigError(f"--staging_dir {staging_dir}: a local folder, for a gs:// --data_dir "
+                          "only (a local --data_dir is written in place)")
     files = input_files(inputs)
-    folder = epath.Path(data_dir) / name / VERSION
-    if folder.exists() and overwrite:
-        import shutil
-
-        shutil.rmtree(folder)
-    if (folder / "dataset_info.json").exists():
-        report = json.loads((folder / REPORT).read_text())
+    folder = str(epath.Path(data_dir) / name / VERSION)
+    if overwrite and VERSION in _names(os.path.dirname(folder)):
+        fs, inner = _fs(folder)
+        fs.rm(inner, recursive=True)
+    if "dataset_info.json" in _names(folder):
+        report = _read_json(f"{folder}/{REPORT}")
         if report["inputs"] != files:
             raise ConfigError(f"{folder} already holds a conversion of other inputs; pass "
                               "--overwrite to replace it, or choose another --name")
         log(f"already converted: {report['examples']:,} examples in {folder}")
         return report
-    work = folder / WORK_DIR
-    work.mkdir(parents=True, exist_ok=True)
-    with _exclusive(work / "lock"):
-        return _convert_locked(files, name, folder, work, split=split, max_side=max_side,
-                               workers=workers, image_column=image_column,
-                               caption_column=caption_column, key_column=key_column, log=log)
+    work = f"{folder}/{WORK_DIR}"
+    with contextlib.ExitStack() as stack:
+        if not remote:  # a bucket takes no lock: one converter per part (module docstring)
+            os.makedirs(work, exist_ok=True)
+            stack.enter_context(_exclusive(work, part))
+        if staging_dir:
+            os.makedirs(staging_dir, exist_ok=True)
+        staging = stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="convert_shards-", dir=staging_dir)) if remote else None
+        make_job = functools.partial(Job, staging=staging, max_side=max_side,
+                                     image_column=image_column, caption_column=caption_column,
+                                     key_column=key_column)
+        return _convert_locked(files, name, folder, work, make_job, split=split,
+                               max_side=max_side, workers=workers, num_parts=num_parts,
+                               part=part, finalize=finalize, log=log)
 
 
-def _convert_locked(files: list[str], name: str, folder: epath.Path, work: epath.Path, *,
-                    split: str, max_side: int | None, workers: int | None, image_column: str,
-                    caption_column: str, key_column: str, log) -> dict:
-    import tensorflow_datasets as tfds
+def _check_parts(num_parts: int | None, part: int | None, finalize: bool,
+                 overwrite: bool) -> None:
+    """A ConfigError saying which flag to change for a bad combination of the split's flags."""
+    n = num_parts or 0
+    for bad, message in (
+            (finalize and part is not None, "--finalize comes after every part: drop --part"),
+            (part is not None and num_parts is None, f"--part={part} needs --num_parts=N"),
+            (num_parts is not None and n < 1, f"--num_parts must be >= 1; got {n}"),
+            (n >= 1 and part is None and not finalize, f"--num_parts={n} needs --part=I (0 <= I < "
+             f"{n}: the part this machine converts) or --finalize"),
+            (n >= 1 and part is not None and not 0 <= part < n, f"--part={part}: must be 0 to "
+             f"{n - 1} (--num_parts={n})"),
+            (overwrite and (part is not None or finalize), "drop --overwrite: with --part or "
+             "--finalize it would delete the other parts' shards")):
+        if bad:
+            raise ConfigError(message)
 
-    recorded = work / "inputs.json"
-    if recorded.exists() and json.loads(recorded.read_text()) != {"inputs": files,
-                                                                   "split": split,
-                                                                   "max_side": max_side}:
+
+def _convert_locked(files: list[str], name: str, folder: str, work: str, make_job, *,
+                    split: str, max_side: int | None, workers: int | None,
+                    num_parts: int | None, part: int | None, finalize: bool, log) -> dict:
+    settings = {"inputs": files, "split": split, "max_side": max_side}
+    work_names = _names(work)
+    recorded = _read_json(f"{work}/inputs.json") if "inputs.json" in work_names else {}
+    parts = recorded.get("num_parts")  # recorded by the first part run
+    if recorded and {**recorded, "num_parts": None} != {**settings, "num_parts": None}:
         raise ConfigError(f"{folder} holds a conversion started with other inputs or settings; "
                           "pass --overwrite to start again, or choose another --name")
-    _write_json(str(recorded), {"inputs": files, "split": split, "max_side": max_side})
+    if part is not None and parts not in (None, num_parts):
+        raise ConfigError(f"{folder} holds parts of a conversion split with --num_parts={parts}:"
+                          " use that --num_parts (or delete the folder to start again)")
+    if not finalize and (not recorded or (part is not None and parts is None)):
+        _write_json(f"{work}/inputs.json",
+                    settings if part is None else {**settings, "num_parts": num_parts})
     count = len(files)
     template = f"{name}-{split}.array_record-{{:05d}}-of-{count:05d}"
-    jobs = [Job(i, source, str(folder / template.format(i)), str(work / f"{i:05d}.json"),
-                max_side, image_column, caption_column, key_column)
+    jobs = [make_job(i, source, f"{folder}/{template.format(i)}", f"{work}/{i:05d}.json")
             for i, source in enumerate(files)]
-    todo = [job for job in jobs if not (os.path.exists(job.report)
-                                        and os.path.exists(job.target))]
-    reports = {job.index: json.loads(epath.Path(job.report).read_text()) for job in jobs
-               if job not in todo}
-    if reports:
-        log(f"resuming: {len(reports)} of {count} shards already converted")
+    names = _names(folder)
+    mine = jobs if part is None else jobs[part::num_parts]  # the shards i % num_parts == part
+    done = [job for job in mine if os.path.basename(job.target) in names
+            and os.path.basename(job.report) in work_names]
+    todo = [] if finalize else [job for job in mine if job not in done]
+    with concurrent.futures.ThreadPoolExecutor(16) as threads:  # a bucket: requests at once
+        reports = dict(zip([job.index for job in done],
+                           threads.map(_read_json, [job.report for job in done]), strict=True))
+    if reports and not finalize:
+        log(f"resuming: {len(reports)} of {len(mine)} shards already converted")
     start = time.perf_counter()
     done_examples = 0
     workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
@@ -297,12 +385,27 @@ def _convert_locked(files: list[str], name: str, folder: epath.Path, work: epath
             reports[job.index] = report
             done_examples += report["examples"]
             elapsed = time.perf_counter() - start
-            finished = len(reports)
             rate = done_examples / elapsed if elapsed > 0 else 0.0
-            left = elapsed / max(1, finished - (count - len(todo))) * (count - finished)
-            log(f"shards {finished}/{count} | {done_examples:,} examples | {rate:,.0f} ex/s | "
-                f"ETA {time.strftime('%H:%M:%S', time.gmtime(left))}")
-    ordered = [reports[i] for i in range(count)]
+            left = elapsed / max(1, len(reports) - len(done)) * (len(mine) - len(reports))
+            log(f"shards {len(reports)}/{len(mine)} | {done_examples:,} examples | "
+                f"{rate:,.0f} ex/s | ETA {time.strftime('%H:%M:%S', time.gmtime(left))}")
+    ordered = [reports[job.index] for job in mine if job.index in reports]
+    if part is not None:
+        examples = sum(r["examples"] for r in ordered)
+        log(f"part {part} of {num_parts}: {len(mine)} of {count} shards, {examples:,} examples "
+            f"in {folder}; once every part has finished, run the same command with --finalize "
+            "in place of --num_parts/--part: it writes the dataset's metadata")
+        return {"part": part, "num_parts": num_parts, "examples": examples, "shards": ordered}
+    missing = [i for i in range(count) if i not in reports]
+    if missing:
+        parts = parts or num_parts
+        named = ", ".join(f"{i:05d}" + (f" (part {i % parts} of {parts})" if parts else "")
+                          for i in missing[:5])
+        raise ConfigError(f"{folder}: {len(missing)} of {count} shards are not converted: "
+                          f"{named}{', ...' if len(missing) > 5 else ''}; run their parts "
+                          "(--num_parts/--part), then --finalize again")
+    import tensorflow_datasets as tfds
+
     skipped = Counter()
     for report in ordered:
         skipped.update(report["skipped"])
@@ -311,17 +414,17 @@ def _convert_locked(files: list[str], name: str, folder: epath.Path, work: epath
              "examples": sum(r["examples"] for r in ordered),
              "skipped": dict(sorted(skipped.items())), "unreadable_shards": unreadable,
              "shards": ordered}
-    _write_json(str(folder / REPORT), total)
+    _write_json(f"{folder}/{REPORT}", total)
     split_info = tfds.core.SplitInfo(
         name=split, shard_lengths=[r["examples"] for r in ordered],
         num_bytes=sum(r["bytes"] for r in ordered),
         filename_template=tfds.core.ShardedFileTemplate(
-            data_dir=folder, template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+            data_dir=epath.Path(folder), template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
             dataset_name=name, split=split, filetype_suffix="array_record"))
     tfds.folder_dataset.write_metadata(
-        data_dir=folder, features=features(), split_infos=[split_info], version=VERSION,
-        check_data=False, description=f"Image-text pairs converted from {count} shard(s) by "
-        "contrastive_jax.training.data.convert_shards.")
+        data_dir=epath.Path(folder), features=features(), split_infos=[split_info],
+        version=VERSION, check_data=False, description=f"Image-text pairs converted from "
+        f"{count} shard(s) by contrastive_jax.training.data.convert_shards.")
     reasons = ", ".join(f"{k}: {v:,}" for k, v in total["skipped"].items())
     log(f"converted {total['examples']:,} examples into {folder}; skipped "
         f"{sum(skipped.values()):,}" + (f" ({reasons})" if reasons else ""))
@@ -354,6 +457,14 @@ _KEY_COLUMN = flags.DEFINE_string("key_column", "key", "parquet: the key, if pre
 _OVERWRITE = flags.DEFINE_bool("overwrite", False,
                                "delete a previous conversion under this name first",
                                flag_values=FLAGS)
+_NUM_PARTS = flags.DEFINE_integer("num_parts", None, "split over this many machines (--part)",
+                                  flag_values=FLAGS)
+_PART = flags.DEFINE_integer("part", None, "this machine's part: input shards i % num_parts "
+                             "== part, no metadata", flag_values=FLAGS)
+_FINALIZE = flags.DEFINE_bool("finalize", False, "after the parts: check every shard is there, "
+                              "write the metadata", flag_values=FLAGS)
+_STAGING_DIR = flags.DEFINE_string("staging_dir", None, "gs:// --data_dir: the local folder "
+                                   "shards are written in before upload", flag_values=FLAGS)
 COMMAND = command_line.Command(
     program="python -m contrastive_jax.training.data.convert_shards", doc=__doc__,
     flag_values=FLAGS, required=("input", "name"))
@@ -374,7 +485,8 @@ def _convert_command(positional: list[str]) -> None:
                     split=_SPLIT.value, max_side=_MAX_SIDE.value, workers=_WORKERS.value,
                     image_column=_IMAGE_COLUMN.value, caption_column=_CAPTION_COLUMN.value,
                     key_column=_KEY_COLUMN.value, overwrite=_OVERWRITE.value,
-                    log=lambda line: print(line, flush=True))
+                    num_parts=_NUM_PARTS.value, part=_PART.value, finalize=_FINALIZE.value,
+                    staging_dir=_STAGING_DIR.value, log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

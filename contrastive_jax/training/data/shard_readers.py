@@ -21,6 +21,7 @@ from etils import epath
 from contrastive_jax.errors import ConfigError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+READ_BYTES = 1 << 20  # a tar is read from its file in pieces of this size
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -105,7 +106,9 @@ def tar_examples(path: str, skipped: Counter) -> Iterator[Example]:
     # globals are gone
     cut = (tarfile.ReadError, EOFError, zlib.error)
     with epath.Path(path).open("rb") as raw:
-        tar = tarfile.open(fileobj=raw, mode="r|*")
+        # reads of 1 MiB: a gs:// file object costs ~0.2 ms a read call whatever its size
+        # (gcsfs; 512-byte header reads made a tar over gs:// 100x slower than from disk)
+        tar = tarfile.open(fileobj=raw, mode="r|*", bufsize=READ_BYTES)
         try:
             for member in tar:
                 if not member.isfile():
