@@ -31,6 +31,12 @@ command run in another thread, SIGINT ignored or handled by the caller) nothing 
 a ``KeyboardInterrupt`` that reaches
 :func:`~contrastive_jax.command_line.run_command` still ends as the same one line and
 status 130.
+
+The other way a command ends at once, ``kill -9``, runs no cleanup at all, so its children
+(grain's input workers, the converter's workers, a supervised trainer) would go on running,
+holding memory and shared memory, beside the rerun that replaces it: each of them calls
+:func:`die_with_parent` (Linux's ``prctl(PR_SET_PDEATHSIG)``: the kernel kills it with its
+parent).
 """
 
 from __future__ import annotations
@@ -255,3 +261,22 @@ def keyboard_interrupt_line(program: str) -> str:
     """The one line for a ``KeyboardInterrupt`` that reached the command's caller (where no
     guard could be installed): the activity it left, else ``running PROGRAM``."""
     return interrupt_line(_interrupted_while or f"running {program}")
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int | None = None, *_: object) -> None:
+    """In a child: be killed (SIGKILL) when the parent dies (Linux; nothing elsewhere). With
+    ``parent`` (the pid that started it), a child whose parent is already gone exits at once
+    (the parent died before the request took effect). Extra arguments are ignored, so that it
+    serves as a pool initializer and as grain's ``worker_init_fn(index, count)`` alike."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):  # no prctl: the children end with their queues
+            pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)

@@ -489,6 +489,14 @@ USER_ERRORS = [
      r"--config file \S*/raises_in_get_config.py, line 7: KeyError: 'hidden_size'"),
     (["--config=tests/fixtures/configs/syntax_error.py"],
      r"--config file \S*/syntax_error.py, line 2: SyntaxError: expected ':'"),
+    # a stream of shards (docs/data.md "Your own image-text shards"): checked before any work
+    (["--config=configs/clip_vit_b16_pod.py:tiny,stream=/nonexistent-cj/{0..3}.tar,steps=2"],
+     r"data.shards '/nonexistent-cj/\{0..3\}.tar': '/nonexistent-cj/0.tar' matches no file "
+     r"\(and 3 more of its 4 names\)"),
+    (["--config=configs/clip_vit_b16_pod.py:tiny,stream=README.md,steps=2"],
+     r"shard 'README.md' is neither a webdataset tar \(.tar, .tar.gz, .tgz\) nor a parquet"),
+    (["--config=configs/clip_vit_b16_pod.py:tiny,stream=/data/{0..9}.tar"],
+     r"stream=/data/\{0..9\}.tar: give the step count with steps=N"),
 ]
 
 

@@ -88,6 +88,13 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     the data is not to be read (the plan: the schedule does not change memory), else
     ``total_steps`` or ``num_epochs`` of the training split; ``method``: a method object in
     place of :func:`method_for`'s (tests of a method's hooks)."""
+    if steps is None and config.data.get("source", "tfds") == "shards":
+        if not config.get("total_steps", 0):
+            raise ConfigError("a stream of shards (data.source='shards') has no known size to "
+                              "count epochs in: set total_steps")
+        from contrastive_jax.training.data.stream import check_stream
+
+        check_stream(config.data)  # patterns, readers: before anything is written
     method = method_for(config) if method is None else method
     specs = init_specs(config.model.get("init_from", ""))
     recorded = recorded_config(workdir) if workdir is not None else None
@@ -103,10 +110,6 @@ def resolve(config: ml_collections.ConfigDict, workdir: str | None = None, *,
     evaluators = selected(config) if config.evaluation.enabled else ()
     mesh = make_mesh(dict(config.get("mesh", {"data": -1}))) if mesh is None else mesh
     accumulation = check_batch(config, mesh)
-    if steps is None and config.data.get("source", "tfds") == "shards" and not config.get(
-            "total_steps", 0):
-        raise ConfigError("a stream of shards (data.source='shards') has no known size to "
-                          "count epochs in: set total_steps")
     if steps is None:
         steps = total_steps(config, None if config.get("total_steps", 0) else len(open_split(
             config.data.name, config.data.train_split, config.data.data_dir or None,

@@ -67,7 +67,6 @@ import json
 import multiprocessing
 import os
 import re
-import signal
 import sys
 import tarfile
 import tempfile
@@ -80,6 +79,7 @@ from etils import epath
 
 from contrastive_jax import command_line
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax.interrupts import die_with_parent
 from contrastive_jax.training.data.shard_readers import (
     input_files,
     parquet_examples,
@@ -207,20 +207,6 @@ def convert_one(job: Job) -> dict:
         os.replace(partial, job.target)
     _write_json(job.report, report)
     return report
-
-
-def _die_with_parent(parent: int) -> None:
-    """Pool initializer: the worker gets SIGKILL when the command dies (Linux's
-    ``PR_SET_PDEATHSIG``), so a converter killed with ``kill -9`` leaves no worker still
-    writing into the folder its rerun writes; a worker whose parent is already gone exits."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux/glibc: workers end when their queue closes
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 @contextlib.contextmanager
@@ -379,7 +365,7 @@ def _convert_locked(files: list[str], name: str, folder: str, work: str, make_jo
         else:
             pool = stack.enter_context(concurrent.futures.ProcessPoolExecutor(
                 workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_die_with_parent, initargs=(os.getpid(),)))
+                initializer=die_with_parent, initargs=(os.getpid(),)))
             results = pool.map(convert_one, todo)
         for job, report in zip(todo, results, strict=True):
             reports[job.index] = report

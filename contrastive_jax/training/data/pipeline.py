@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from contrastive_jax.errors import ConfigError
+from contrastive_jax.interrupts import die_with_parent
 from contrastive_jax.mesh import global_batch
 from contrastive_jax.training.data.example_preprocessing import (
     Example,
@@ -195,8 +197,10 @@ def in_workers(ds: grain.IterDataset, worker_count: int,
     if not flags.FLAGS.is_parsed():  # grain's workers read its absl flags: their defaults
         flags.FLAGS.mark_as_parsed()  # where no absl.app parsed them (a notebook, a test)
     buffer = read_options.prefetch_buffer_size if read_options else 1
+    # each worker is killed with this process, so a trainer killed with kill -9 leaves none
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count,
-                                                       per_worker_buffer_size=max(1, buffer)))
+                                                       per_worker_buffer_size=max(1, buffer)),
+                          worker_init_fn=functools.partial(die_with_parent, os.getpid()))
 
 
 def train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,

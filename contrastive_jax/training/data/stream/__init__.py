@@ -14,10 +14,11 @@ References: docs/data.md, "Your own image-text shards".
 from contrastive_jax.training.data.stream.shard_stream import SKIP_REASONS, StreamSpec
 from contrastive_jax.training.data.stream.stream_iterators import (
     StreamBatches,
+    check_stream,
     heldout_source,
     stream_report,
     stream_train_iterator,
 )
 
-__all__ = ["SKIP_REASONS", "StreamBatches", "StreamSpec", "heldout_source", "stream_report",
-           "stream_train_iterator"]
+__all__ = ["SKIP_REASONS", "StreamBatches", "StreamSpec", "check_stream", "heldout_source",
+           "stream_report", "stream_train_iterator"]

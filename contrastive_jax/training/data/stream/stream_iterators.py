@@ -133,10 +133,14 @@ def stream_report(state: Any) -> dict[str, dict[str, int]]:
             "failed_shards": dict(sorted(failed.items()))}
 
 
-def stream_train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
-                          shard: HostShard | None = None) -> StreamBatches:
-    """Global training batches of ``config.shards`` (``config``: the checked ``data``
-    block)."""
+def check_stream(config: ml_collections.ConfigDict,
+                 shard: HostShard | None = None) -> StreamSpec:
+    """The stream's :class:`StreamSpec` for this process, its settings and shards checked
+    (the patterns, the readers, held-out shards apart from the training ones): a ConfigError
+    saying what to change otherwise. ``config``: the ``data`` block."""
+    from contrastive_jax.training.data.pipeline import checked_data_config
+
+    config = checked_data_config(config)
     spec = stream_spec(config, shard)
     if config.heldout_shards:
         held = set(list_shards(config.heldout_shards, "data.heldout_shards",
@@ -147,6 +151,13 @@ def stream_train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
             raise ConfigError(f"{len(both)} shard(s) are in both data.shards and "
                               f"data.heldout_shards (first: {both[0]}): held-out shards must "
                               "not be trained on; change one of the patterns")
+    return spec
+
+
+def stream_train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
+                          shard: HostShard | None = None) -> StreamBatches:
+    """Global training batches of ``config.shards`` (``config``: the ``data`` block)."""
+    spec = check_stream(config, shard)
     ds = stream_dataset(spec, make_preprocess(config, training=True),
                         global_batch_size=config.batch_size,
                         read_options=grain_read_options(config))

@@ -37,6 +37,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from contrastive_jax.interrupts import die_with_parent
 from contrastive_jax.training.run.launch.distributed import Launch
 
 SUPERVISED_ENV = "CONTRASTIVE_JAX_SUPERVISED"
@@ -273,7 +274,4 @@ def _child_setup() -> None:
     """In the child (before exec, or after the fork): its own process group (signals come
     through the parent only), and killed when the parent dies (Linux)."""
     os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent()
