@@ -583,11 +583,12 @@ def clip_part(args) -> None:
         ("uint8, reduced decode, 1 worker process", encoded, current_preprocess(True), 1, 1),
         ("uint8, reduced decode, 2 worker processes", encoded, current_preprocess(True), 1, 2),
     ]
-    tars = sorted((data_dir / f"{name}_shards").glob("*.tar"))
-    local = f"{tars[0].parent}/*.tar"
-    rows += [(f"stream, local tars, {label}", local, current_preprocess(True), 1, workers)
-             for label, workers in (("1 reader in process", 0), ("2 worker processes", 2))]
-    bucket = loopback_bucket(tars)
+    tars = sorted((data_dir / f"{name}_shards").glob("*.tar"))  # none: no stream rows
+    rows += [(f"stream, local tars, {label}", f"{tars[0].parent}/*.tar",
+              current_preprocess(True), 1, workers)
+             for label, workers in (("1 reader in process", 0), ("2 worker processes", 2))
+             if tars]
+    bucket = loopback_bucket(tars) if tars else None
     if bucket:
         rows.append(("stream, loopback GCS, 2 worker processes", bucket,
                      current_preprocess(True), 1, 2))
@@ -637,9 +638,10 @@ def clip_part(args) -> None:
     rate = {label: r["images_per_cpu_s"] for label, r in results}
     stream_vs = [(f"stream, local tars, {a}", f"uint8, reduced decode, {b}") for a, b in (
         ("1 reader in process", "1 thread"), ("2 worker processes", "2 worker processes"))]
-    lines += ["", "Stream from local tars against the array_record pipeline, images per "
-              "CPU-second: " + "; ".join(f"{s.split(', ', 2)[2]} {rate[s] / rate[r]:.2f}x"
-                                         for s, r in stream_vs) + "."]
+    if all(s in rate for s, _ in stream_vs):
+        lines += ["", "Stream from local tars against the array_record pipeline, images per "
+                  "CPU-second: " + "; ".join(f"{s.split(', ', 2)[2]} {rate[s] / rate[r]:.2f}x"
+                                             for s, r in stream_vs) + "."]
     lines += [
         "",
         f"Fastest: **{best_label}**, {best['images_per_s']:.1f} images/s = "

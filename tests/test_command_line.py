@@ -215,7 +215,8 @@ def test_jax_flags_are_set_before_the_command_runs_and_own_flags_start_from_defa
     assert convert_shards.main(["--jax_log_compiles=false", "--input=/nonexistent/{0..1}.tar",
                                 "--name=n"]) == 2
     assert capsys.readouterr().err == ("error: --input '/nonexistent/{0..1}.tar': "
-                                       "'/nonexistent/0.tar' matches no file\n")
+                                       "'/nonexistent/0.tar' matches no file (and 1 more "
+                                       "of its 2 names)\n")
     monkeypatch.setenv(command_line.TRACEBACK_ENV, "1")  # the traceback, for a user error
     with pytest.raises(command_line.ConfigError, match="unknown flag --no_such_flag"):
         command_line.run_command(command, main, ["--no_such_flag"])

@@ -48,7 +48,10 @@ from contrastive_jax.training.run.workdir import json_output
 
 RECORD = "config.json"
 # fields records written before them lack (a path of keys): the value that reproduces them
-ADDED_FIELDS = {("data", "worker_count"): 0, ("profile",): profiling.DEFAULTS,
+ADDED_FIELDS = {("data", "worker_count"): 0, ("data", "source"): "tfds", ("data", "shards"): "",
+                ("data", "heldout_shards"): "", ("data", "shuffle_buffer"): 5000,
+                ("data", "image_column"): "jpg", ("data", "caption_column"): "caption",
+                ("profile",): profiling.DEFAULTS,
                 ("transfer_guard",): "allow", ("log_model_flops",): True,
                 ("checkpoint_timeout_s",): 1200, ("evaluation", "tasks"): (),
                 ("evaluation", "tasks_data_dir"): "", ("evaluation", "tasks_batch_size"): 0,
