@@ -123,6 +123,7 @@ TWO_VIEW_EXAMPLES_PER_CORE_SECOND = 534.6
 ONE_VIEW_EXAMPLES_PER_CORE_SECOND = 718.6
 CENTRE_256_EXAMPLES_PER_CORE_SECOND = 593.3
 _CLIP_TABLE = "experiments/results/image_input_bench.md"
+_STREAM_TABLE = "experiments/results/image_input_stream.md"  # the stream beside array_record
 _VIEWS_TABLE = "experiments/results/image_input_views.md"
 
 
@@ -167,7 +168,7 @@ def host_input(config, images: bool = True) -> HostInput | None:
         ratio = STREAM_RELATIVE_RATE[where]
         return HostInput(IMAGES_PER_CORE_SECOND * ratio,
                          f"decode + 1 crop, streamed from {'gs://' if where == 'gs' else 'local'}"
-                         f" tars ({ratio:.2f}x the prepared data's rate): {_CLIP_TABLE}")
+                         f" tars ({ratio:.2f}x the prepared data's rate): {_STREAM_TABLE}")
     if name == "image_text" or images:
         return HostInput(IMAGES_PER_CORE_SECOND, f"decode + 1 crop: {_CLIP_TABLE}")
     return None

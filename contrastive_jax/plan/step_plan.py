@@ -39,7 +39,8 @@ DEFAULT_MFU = 0.4  # the model-FLOPs utilisation the step time is stated at
 # best row of experiments/results/image_input_bench.md, 2 cores of the 2026-12-02 machine).
 IMAGES_PER_CORE_SECOND = 211.6
 # A stream of shards (data.source = "shards") against that pipeline, images per CPU-second
-# measured side by side (the same table, 2026-12-07, 2 worker processes each): tars on the
+# measured side by side (experiments/results/image_input_stream.md, 2026-12-07, another
+# machine than the table above, so as ratios; 2 worker processes each): tars on the
 # local disk 450.4 / 453.1, tars in a bucket (loopback GCS server, its own CPU not counted)
 # 403.1 / 453.1.
 STREAM_RELATIVE_RATE = {"local": 450.4 / 453.1, "gs": 403.1 / 453.1}
