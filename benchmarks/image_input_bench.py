@@ -600,8 +600,10 @@ def clip_part(args) -> None:
     record_bytes = sum(f.stat().st_size for f in (data_dir / name).rglob("*array_record*"))
     tar_bytes = sum(f.stat().st_size for f in tars)
     runs: dict[str, list[dict]] = {label: [] for label, *_ in rows}
-    for _ in range(args.repeats):  # rounds over every row: a slower minute hits them all
-        for label, source, preprocess, threads, workers in rows:
+    # rounds over every row, every other one in reverse order: a slower minute, or what a row
+    # leaves behind for the next, hits every row
+    for round_ in range(args.repeats):
+        for label, source, preprocess, threads, workers in rows[::-1 if round_ % 2 else 1]:
             result = measure(source, preprocess, threads=threads, workers=workers, **common)
             result["read_per_image"] = (tar_bytes if isinstance(source, str)
                                         else record_bytes) / facts["images"]
@@ -628,8 +630,8 @@ def clip_part(args) -> None:
         f"{args.batch} --batches {args.batches}"
         + (f" --repeats {args.repeats}" if args.repeats > 1 else "")
         + f"`: {cores} cores; one process, nothing else running"
-        + (f"; {args.repeats} rounds over all rows, each row its median round by images per "
-           "CPU-second." if args.repeats > 1 else "."),
+        + (f"; {args.repeats} rounds over all rows (every other one in reverse order), each "
+           "row its median round by images per CPU-second." if args.repeats > 1 else "."),
         "",
         f"{facts['images']} JPEGs, 640 x 480, quality 90, {facts['kb_min']:.0f}-"
         f"{facts['kb_max']:.0f} KB (median {facts['kb_median']:.0f} KB), converted by "
