@@ -41,9 +41,9 @@ IMAGES_PER_CORE_SECOND = 211.6
 # A stream of shards (data.source = "shards") against that pipeline, images per CPU-second
 # measured side by side (experiments/results/image_input_stream.md, 2026-12-07, another
 # machine than the table above, so as ratios; 2 worker processes each): tars on the
-# local disk 450.4 / 453.1, tars in a bucket (loopback GCS server, its own CPU not counted)
-# 403.1 / 453.1.
-STREAM_RELATIVE_RATE = {"local": 450.4 / 453.1, "gs": 403.1 / 453.1}
+# local disk 395.9 / 424.3, tars in a bucket (loopback GCS server, its own CPU not counted)
+# 388.9 / 424.3 (medians of 3 rounds).
+STREAM_RELATIVE_RATE = {"local": 395.9 / 424.3, "gs": 388.9 / 424.3}
 STATUS_EVERY_S = 15.0
 
 
