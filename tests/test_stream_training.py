@@ -1,10 +1,10 @@
 """Training straight from shards (the pod template's ``stream=PATTERN`` variant at tiny size):
 a run killed with SIGKILL at a random step and run again ends with the parameters of the
-uninterrupted run, bit for bit: 1 process on local tars, 1 process on tars in a bucket (the
-loopback GCS server of tests/test_remote_paths.py, which also shows the bucket's stream is the
-local one), and 2 processes with 2 input worker processes each on local tars, both killed
-(their workers die with them). Each run is forked by tests/forked_command_lines.py's
-server."""
+uninterrupted run, bit for bit: 1 process on tars in a bucket (the loopback GCS server of
+tests/test_remote_paths.py), against the uninterrupted run on the same tars on the local disk
+(so the bucket's stream is the local one too), and 2 processes with an input worker process
+each on local tars, both killed (their workers die with them). Each run is forked by
+tests/forked_command_lines.py's server."""
 
 import json
 import random
@@ -108,12 +108,6 @@ def _killed_once(pattern: str, workdir: Path) -> dict:
                                 popen=forked_command_lines.popen)
 
 
-def test_a_killed_stream_run_resumes_bit_identical(tars, reference, tmp_path):
-    stats = _killed_once(f"{tars}/{{00000..00003}}.tar", tmp_path / "run")
-    assert stats["kills"] == 1 and stats["resumes"] == 1, stats
-    assert digest(tmp_path / "run") == reference
-
-
 def test_a_killed_run_on_shards_in_a_bucket_resumes_to_the_local_parameters(gcs, tars,  # noqa: F811
                                                                            reference, tmp_path):
     import gcsfs
@@ -158,14 +152,14 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_processes_killed_together_resume_bit_identical(tars, tmp_path):
-    """2 processes x 1 device, each with 2 grain worker processes (4 readers, one shard each
-    per epoch), both killed with SIGKILL after step 3, run again: the parameters of an
+    """2 processes x 1 device, each with a grain worker process (2 readers, two shards each per
+    epoch), both killed with SIGKILL after step 3, run again: the parameters of an
     uninterrupted 2-process run."""
     pattern = f"{tars}/{{00000..00003}}.tar"
 
     def job(workdir):
         port = str(_free_port())
-        return [_cli_process(i, port, [*args(pattern, workdir), "--config.data.worker_count=2"])
+        return [_cli_process(i, port, [*args(pattern, workdir), "--config.data.worker_count=1"])
                 for i in range(2)]
 
     whole = job(tmp_path / "whole")
@@ -186,8 +180,8 @@ def test_two_processes_killed_together_resume_bit_identical(tars, tmp_path):
     finally:
         _finish_all(procs)
     # the input workers die with their process (PR_SET_PDEATHSIG), left running by nobody
-    # each process: its supervised trainer, 2 grain workers and their resource tracker
-    assert len(workers) >= 8, workers
+    # each process: its supervised trainer, its grain worker and their resource tracker
+    assert len(workers) >= 6, workers
     deadline = time.monotonic() + 30
     while any(_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
