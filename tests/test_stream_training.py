@@ -191,3 +191,10 @@ def test_two_processes_killed_together_resume_bit_identical(tars, tmp_path):
     assert [p.returncode for p in again] == [0, 0], [e[-1500:] for _, e in outs]
     assert "resumed from step" in outs[0][0]
     assert digest(cut) == digest(tmp_path / "whole")
+    # one process cannot take the two processes' places in their shards, even when asked to
+    single = forked_command_lines.run([
+        sys.executable, "-m", "contrastive_jax.main", *args(pattern, cut),
+        "--config.data.worker_count=1", "--resplit_data", "--jax_num_cpu_devices=2"])
+    assert single.returncode == 2, single.stderr[-2000:]
+    assert "holds the data position of a stream of shards" in single.stderr, single.stderr
+    assert "resume with 2 processes" in single.stderr

@@ -22,6 +22,7 @@ from etils import epath
 from contrastive_jax.errors import CheckpointError
 
 DATA_FILE = re.compile(r"process_\d+-of-(\d+)\.json")  # grain's file per process
+STREAM_STATE = '"image-text shards"'  # in a stream reader's state (data/stream/shard_stream.py)
 
 
 def saved_process_count(directory: epath.Path, step: int) -> int | None:
@@ -52,8 +53,11 @@ def resplit_position(directory: epath.Path, step: int, saved_by: int, data_itera
     path = directory / str(step) / "data" / f"process_0-of-{saved_by}.json"
     saved = json.loads(path.read_text())
     if set(saved) != {"next_index"}:
+        what = ("a stream of shards (each reader's shards, buffer and place in them)"
+                if STREAM_STATE in path.read_text() else
+                "grain worker processes (data.worker_count > 0)")
         raise CheckpointError(
-            f"checkpoint {step} in {directory} holds the data position of grain worker "
-            "processes (data.worker_count > 0), which cannot be split again over another "
-            f"process count: resume with {saved_by} processes")
+            f"checkpoint {step} in {directory} holds the data position of {what}, which "
+            f"cannot be split again over another process count: resume with {saved_by} "
+            "processes")
     data_iterator.set_state(saved)
