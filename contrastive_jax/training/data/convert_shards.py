@@ -59,16 +59,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import fcntl
 import functools
-import io
-import json
 import multiprocessing
 import os
 import re
 import sys
-import tarfile
 import tempfile
 import time
 from collections import Counter
@@ -78,137 +74,22 @@ from absl import flags
 from etils import epath
 
 from contrastive_jax import command_line
-from contrastive_jax.errors import ConfigError, ContrastiveJaxError
+from contrastive_jax.errors import ConfigError
 from contrastive_jax.interrupts import die_with_parent
-from contrastive_jax.training.data.shard_readers import (
-    input_files,
-    parquet_examples,
-    tar_examples,
+from contrastive_jax.training.data.shard_readers import input_files
+from contrastive_jax.training.data.shard_records import (
+    Job,
+    convert_one,
+    features,
+    file_system,
+    folder_names,
+    read_report,
+    write_report,
 )
 
 VERSION = "1.0.0"
 WORK_DIR = ".convert_shards"  # inside the version folder: reports of finished shards
 REPORT = "conversion_report.json"
-SKIP_REASONS = ("image undecodable", "no image", "no caption", "empty caption",
-                "truncated shard")
-
-
-def features():
-    """The dataset's features: ``coco_captions``' ``image`` and ``captions/text``, the key and
-    the metadata."""
-    import tensorflow_datasets as tfds
-
-    return tfds.features.FeaturesDict({
-        "image": tfds.features.Image(shape=(None, None, 3)),
-        "image/filename": tfds.features.Text(),
-        "captions": tfds.features.Sequence({"text": tfds.features.Text()}),
-        "metadata": tfds.features.Text(),
-    })
-
-
-def clean_image(data: bytes, max_side: int | None) -> bytes:
-    """The image's bytes, verified to decode; re-encoded (RGB; JPEG, or PNG for a PNG) when it
-    is not RGB or its longer side exceeds ``max_side``. Raises on an undecodable image."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        image.load()  # a truncated or corrupt file fails here, not at training time
-        resize = max_side is not None and max(image.size) > max_side
-        if image.mode == "RGB" and not resize:
-            return data
-        source_format = image.format
-        out = image.convert("RGB")
-    if resize:
-        scale = max_side / max(out.size)
-        out = out.resize((max(1, round(out.width * scale)), max(1, round(out.height * scale))),
-                         Image.BICUBIC)
-    buffer = io.BytesIO()
-    if source_format == "PNG" and not resize:
-        out.save(buffer, format="PNG")
-    else:
-        out.save(buffer, format="JPEG", quality=95)
-    return buffer.getvalue()
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    """One input shard to convert into one output shard."""
-
-    index: int
-    source: str
-    target: str  # the output shard's path (local or gs://)
-    report: str  # written once the shard is complete
-    staging: str | None  # a local folder to write the shard in, then upload it to target
-    max_side: int | None
-    image_column: str
-    caption_column: str
-    key_column: str
-
-
-def convert_one(job: Job) -> dict:
-    """Convert one input shard into one array_record file; its report (counts by reason)."""
-    from array_record.python.array_record_module import ArrayRecordWriter
-    from tensorflow_datasets.core import example_serializer
-
-    feature = features()
-    serializer = example_serializer.ExampleSerializer(feature.get_serialized_info())
-    skipped: Counter = Counter()
-    good = 0
-    shard = os.path.basename(job.source)
-    partial = (os.path.join(job.staging, os.path.basename(job.target)) if job.staging
-               else job.target) + ".incomplete"
-    error = None
-    writer = ArrayRecordWriter(partial, "group_size:1")
-    try:
-        if job.source.endswith(".parquet"):
-            examples = parquet_examples(job.source, job.image_column, job.caption_column,
-                                        job.key_column)
-        else:
-            examples = tar_examples(job.source, skipped)
-        for example in examples:
-            if example.image is None:
-                skipped["no image"] += 1
-                continue
-            if example.caption is None:
-                skipped["no caption"] += 1
-                continue
-            caption = example.caption.strip()
-            if not caption:
-                skipped["empty caption"] += 1
-                continue
-            try:
-                image = clean_image(example.image, job.max_side)
-            except Exception:  # PIL raises many types for bad bytes: all mean undecodable
-                skipped["image undecodable"] += 1
-                continue
-            proto = serializer.get_tf_example(feature.encode_example({
-                "image": image, "image/filename": f"{shard}/{example.key}",
-                "captions": {"text": [caption]}, "metadata": example.metadata}))
-            # deterministic: the proto's feature map in a fixed order (else it follows the
-            # process's string hashing, and each run writes other bytes)
-            writer.write(proto.SerializeToString(deterministic=True))
-            good += 1
-    except ContrastiveJaxError:
-        raise
-    except (OSError, tarfile.TarError, ValueError) as err:  # the shard cannot be read at all
-        error = f"{type(err).__name__}: {err}"
-    finally:
-        writer.close()
-    if error is not None:  # nothing kept from an unreadable shard: an empty output shard
-        ArrayRecordWriter(partial, "group_size:1").close()
-        good = 0
-    report = {"input": job.source, "examples": good, "skipped": dict(sorted(skipped.items())),
-              "error": error, "bytes": os.path.getsize(partial)}
-    if job.staging:  # one upload of the complete file: the object appears whole or not at all
-        fs, inner = _fs(job.target)
-        fs.put_file(partial, inner)
-        os.remove(partial)
-    else:
-        os.replace(partial, job.target)
-    _write_json(job.report, report)
-    return report
-
-
 @contextlib.contextmanager
 def _exclusive(work: str, part: int | None) -> Iterator[None]:
     """One converter per local output folder, or per part of it (the parts share the folder's
@@ -224,40 +105,6 @@ def _exclusive(work: str, part: int | None) -> Iterator[None]:
                 raise ConfigError(f"{os.path.dirname(work)} is being written by another "
                                   "convert_shards process; wait for it or kill it") from None
         yield
-
-
-def _fs(path: str):
-    """The fsspec file system of ``path`` (gcsfs for ``gs://``) and the path in it, its cached
-    listings dropped: other processes (the workers, the other parts) write the same folders."""
-    import fsspec
-
-    fs, inner = fsspec.core.url_to_fs(path)
-    fs.invalidate_cache()
-    return fs, inner
-
-
-def _names(folder: str) -> set[str]:
-    """The names in ``folder`` (none if it is not there), listed afresh."""
-    fs, inner = _fs(folder)
-    try:
-        return {path.rstrip("/").rpartition("/")[2] for path in fs.ls(inner, detail=False)}
-    except FileNotFoundError:
-        return set()
-
-
-def _read_json(path: str):
-    fs, inner = _fs(path)
-    return json.loads(fs.cat_file(inner))
-
-
-def _write_json(path: str, data) -> None:
-    """``data`` into ``path``, whole or not at all: an object is uploaded in one request, a
-    local file written aside and renamed."""
-    fs, inner = _fs(path)
-    partial = inner if "://" in path else inner + ".incomplete"
-    fs.pipe_file(partial, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-    if partial != inner:
-        os.replace(partial, inner)
 
 
 def convert_dataset(inputs: Sequence[str], name: str, data_dir: str, *, split: str = "train",
@@ -281,11 +128,11 @@ def convert_dataset(inputs: Sequence[str], name: str, data_dir: str, *, split: s
                           "only (a local --data_dir is written in place)")
     files = input_files(inputs)
     folder = str(epath.Path(data_dir) / name / VERSION)
-    if overwrite and VERSION in _names(os.path.dirname(folder)):
-        fs, inner = _fs(folder)
+    if overwrite and VERSION in folder_names(os.path.dirname(folder)):
+        fs, inner = file_system(folder)
         fs.rm(inner, recursive=True)
-    if "dataset_info.json" in _names(folder):
-        report = _read_json(f"{folder}/{REPORT}")
+    if "dataset_info.json" in folder_names(folder):
+        report = read_report(f"{folder}/{REPORT}")
         if report["inputs"] != files:
             raise ConfigError(f"{folder} already holds a conversion of other inputs; pass "
                               "--overwrite to replace it, or choose another --name")
@@ -330,8 +177,8 @@ def _convert_locked(files: list[str], name: str, folder: str, work: str, make_jo
                     split: str, max_side: int | None, workers: int | None,
                     num_parts: int | None, part: int | None, finalize: bool, log) -> dict:
     settings = {"inputs": files, "split": split, "max_side": max_side}
-    work_names = _names(work)
-    recorded = _read_json(f"{work}/inputs.json") if "inputs.json" in work_names else {}
+    work_names = folder_names(work)
+    recorded = read_report(f"{work}/inputs.json") if "inputs.json" in work_names else {}
     parts = recorded.get("num_parts")  # recorded by the first part run
     if recorded and {**recorded, "num_parts": None} != {**settings, "num_parts": None}:
         raise ConfigError(f"{folder} holds a conversion started with other inputs or settings; "
@@ -340,20 +187,20 @@ def _convert_locked(files: list[str], name: str, folder: str, work: str, make_jo
         raise ConfigError(f"{folder} holds parts of a conversion split with --num_parts={parts}:"
                           " use that --num_parts (or delete the folder to start again)")
     if not finalize and (not recorded or (part is not None and parts is None)):
-        _write_json(f"{work}/inputs.json",
+        write_report(f"{work}/inputs.json",
                     settings if part is None else {**settings, "num_parts": num_parts})
     count = len(files)
     template = f"{name}-{split}.array_record-{{:05d}}-of-{count:05d}"
     jobs = [make_job(i, source, f"{folder}/{template.format(i)}", f"{work}/{i:05d}.json")
             for i, source in enumerate(files)]
-    names = _names(folder)
+    names = folder_names(folder)
     mine = jobs if part is None else jobs[part::num_parts]  # the shards i % num_parts == part
     done = [job for job in mine if os.path.basename(job.target) in names
             and os.path.basename(job.report) in work_names]
     todo = [] if finalize else [job for job in mine if job not in done]
     with concurrent.futures.ThreadPoolExecutor(16) as threads:  # a bucket: requests at once
         reports = dict(zip([job.index for job in done],
-                           threads.map(_read_json, [job.report for job in done]), strict=True))
+                           threads.map(read_report, [job.report for job in done]), strict=True))
     if reports and not finalize:
         log(f"resuming: {len(reports)} of {len(mine)} shards already converted")
     start = time.perf_counter()
@@ -400,7 +247,7 @@ def _convert_locked(files: list[str], name: str, folder: str, work: str, make_jo
              "examples": sum(r["examples"] for r in ordered),
              "skipped": dict(sorted(skipped.items())), "unreadable_shards": unreadable,
              "shards": ordered}
-    _write_json(f"{folder}/{REPORT}", total)
+    write_report(f"{folder}/{REPORT}", total)
     split_info = tfds.core.SplitInfo(
         name=split, shard_lengths=[r["examples"] for r in ordered],
         num_bytes=sum(r["bytes"] for r in ordered),

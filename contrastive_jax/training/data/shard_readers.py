@@ -96,6 +96,16 @@ class Example:
     metadata: str = ""
 
 
+def missing_part(example: Example) -> str | None:
+    """Why an example cannot be trained on (``"no image"``, ``"no caption"``, ``"empty
+    caption"``: a caption of white space only), or None."""
+    if example.image is None:
+        return "no image"
+    if example.caption is None:
+        return "no caption"
+    return None if example.caption.strip() else "empty caption"
+
+
 def tar_examples(path: str, skipped: Counter) -> Iterator[Example]:
     """The examples of a webdataset tar, members grouped by key (consecutive, as webdataset
     writes them). A file that is not a tar raises ``tarfile.ReadError`` (the shard cannot be

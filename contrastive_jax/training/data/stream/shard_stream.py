@@ -37,7 +37,11 @@ import grain
 import numpy as np
 
 from contrastive_jax.errors import ConfigError, ContrastiveJaxError, DataError
-from contrastive_jax.training.data.shard_readers import parquet_examples, tar_examples
+from contrastive_jax.training.data.shard_readers import (
+    missing_part,
+    parquet_examples,
+    tar_examples,
+)
 from contrastive_jax.training.data.stream.shard_list import (
     reader_shards,
     shard_format,
@@ -89,17 +93,10 @@ def shard_items(path: str, spec: StreamSpec, start: int = 0,
     for ordinal, example in enumerate(examples, first):
         if ordinal < start:
             continue
-        caption = example.caption.strip() if example.caption is not None else None
-        if example.image is None:
-            yield ordinal, "no image"
-        elif caption is None:
-            yield ordinal, "no caption"
-        elif not caption:
-            yield ordinal, "empty caption"
-        else:
-            yield ordinal, {"image": example.image, "captions": {"text": [caption]},
-                            "image/filename": f"{shard}/{example.key}",
-                            "metadata": example.metadata}
+        problem = missing_part(example)
+        yield ordinal, problem or {
+            "image": example.image, "captions": {"text": [example.caption.strip()]},
+            "image/filename": f"{shard}/{example.key}", "metadata": example.metadata}
 
 
 class ShardStream(grain.IterDataset):

@@ -44,23 +44,21 @@ from contrastive_jax.training.data.stream.shard_stream import (
 )
 
 
-def stream_spec(config: ml_collections.ConfigDict, shard: HostShard | None = None, *,
-                heldout: bool = False) -> StreamSpec:
-    """The :class:`StreamSpec` of a ``data`` block (``config.shards``, or with ``heldout``
-    ``config.heldout_shards``), for this process (``shard``, default JAX's)."""
+def stream_spec(config: ml_collections.ConfigDict, shard: HostShard | None = None
+                ) -> StreamSpec:
+    """The :class:`StreamSpec` of a ``data`` block's ``shards`` for this process (``shard``,
+    default JAX's): the shard list, checked, and the readers checked against it."""
     shard = shard or HostShard.from_jax()
-    field = "data.heldout_shards" if heldout else "data.shards"
-    files = list_shards(config.heldout_shards if heldout else config.shards, field,
-                        image_column=config.image_column, caption_column=config.caption_column)
+    files = list_shards(config.shards, "data.shards", image_column=config.image_column,
+                        caption_column=config.caption_column)
     if isinstance(config.shuffle_buffer, bool) or not isinstance(config.shuffle_buffer, int) \
             or config.shuffle_buffer < 1:
         raise ConfigError(f"data.shuffle_buffer must be an integer >= 1 (1: no shuffling of "
                           f"examples); got {config.shuffle_buffer!r}")
-    if not heldout:
-        check_readers(len(files), shard.count, config.worker_count)
-        if config.num_epochs is not None:
-            raise ConfigError("a stream of shards does not count epochs (data.num_epochs = "
-                              f"{config.num_epochs}); leave it None and set total_steps")
+    check_readers(len(files), shard.count, config.worker_count)
+    if config.num_epochs is not None:
+        raise ConfigError("a stream of shards does not count epochs (data.num_epochs = "
+                          f"{config.num_epochs}); leave it None and set total_steps")
     return StreamSpec(tuple(files), seed=config.seed, shuffle=config.shuffle,
                       buffer=config.shuffle_buffer, process=shard.index, processes=shard.count,
                       workers=config.worker_count, image_column=config.image_column,
@@ -165,11 +163,12 @@ def stream_train_iterator(config: ml_collections.ConfigDict, mesh: Mesh, *,
 
 
 @functools.lru_cache(maxsize=4)
-def _heldout(files: str, image_column: str, caption_column: str) -> HeldoutShards:
-    config = ml_collections.ConfigDict({"heldout_shards": files, "image_column": image_column,
-                                        "caption_column": caption_column, "shuffle_buffer": 1,
-                                        "seed": 0, "shuffle": False, "worker_count": 0})
-    return HeldoutShards(stream_spec(config, HostShard(0, 1), heldout=True))
+def _heldout(patterns: str, image_column: str, caption_column: str) -> HeldoutShards:
+    """The held-out shards of ``patterns``, indexed once per process."""
+    files = list_shards(patterns, "data.heldout_shards", image_column=image_column,
+                        caption_column=caption_column)
+    return HeldoutShards(StreamSpec(tuple(files), image_column=image_column,
+                                    caption_column=caption_column))
 
 
 def heldout_source(config: ml_collections.ConfigDict, split: str | None = None
